@@ -1,0 +1,126 @@
+"""Command-line entry points: ``train(cfg) -> dict`` and the ``hybridrank-train`` hydra app."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+import hydra
+import pytorch_lightning as pl
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from .module import HybridRanker, evaluate_logits
+
+__all__ = ["train", "train_main", "format_table"]
+
+log = logging.getLogger(__name__)
+
+TABLE_COLUMNS = ("ndcg@10", "gauc", "logloss", "ece", "pcoc")
+
+#: The project's ``conf/`` folder (the package is installed editable from the source tree; a
+#: different folder can be given with hydra's ``--config-dir``).
+CONF_DIR = str(Path(__file__).resolve().parents[1] / "conf")
+
+
+def build(cfg: DictConfig):
+    """Instantiate data, loss, scorer and module from a config (no training)."""
+    splits = hydra.utils.instantiate(cfg.data.source).load()
+    datamodule = hydra.utils.instantiate(cfg.sampler, splits=splits)
+    loss = hydra.utils.instantiate(cfg.loss)
+    base_rate = float((splits.train.label > 0).float().mean())
+    scorer = hydra.utils.instantiate(cfg.model)(  # a partial: sizes come from the data
+        n_numeric=splits.train.num.shape[1],
+        vocab_sizes=list(splits.schema.vocab_sizes), n_outputs=loss.n_outputs, base_rate=base_rate,
+    )
+    module = HybridRanker(
+        scorer, loss,
+        optimizer=hydra.utils.instantiate(cfg.optimizer),
+        scheduler=hydra.utils.instantiate(cfg.scheduler) if cfg.get("scheduler") else None,
+        metrics=OmegaConf.to_container(cfg.metrics, resolve=True),
+        schema=splits.schema.to_dict(),
+        config=OmegaConf.to_container(cfg, resolve=True),
+        neg_keep_rate=datamodule.neg_keep_rate,
+    )
+    return splits, datamodule, module
+
+
+def train(cfg: DictConfig) -> dict[str, Any]:
+    """Train, evaluate on the test split, write ``metrics.json``; return the metrics.
+
+    Returns a dict with ``val`` and ``test`` metrics (``test/ndcg@10``, ``test/logloss``, ...),
+    reference rows (``oracle`` when the data carries the true click probability, ``base_rate``),
+    the best checkpoint path and the wall time.
+    """
+    t0 = time.perf_counter()
+    out_dir = Path(cfg.paths.output_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    pl.seed_everything(int(cfg.seed), workers=True, verbose=False)
+    splits, datamodule, module = build(cfg)
+    callbacks = [hydra.utils.instantiate(c) for c in (cfg.get("callbacks") or {}).values()]
+    logger = hydra.utils.instantiate(cfg.logger) if cfg.get("logger") else False
+    trainer: pl.Trainer = hydra.utils.instantiate(cfg.trainer, callbacks=callbacks, logger=logger)
+    trainer.fit(module, datamodule=datamodule)
+
+    ckpt = trainer.checkpoint_callback
+    best = ckpt.best_model_path if ckpt is not None and ckpt.best_model_path else None
+    result: dict[str, Any] = {
+        "val": {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("val/")},
+        "best_checkpoint": best,
+        "output_dir": str(out_dir),
+    }
+    if cfg.get("test_after_fit", True):
+        tested = trainer.test(module, datamodule=datamodule, ckpt_path=best, verbose=False)
+        result["test"] = {k: float(v) for k, v in tested[0].items()}
+        result["reference"] = reference_rows(splits.test, OmegaConf.to_container(cfg.metrics))
+    result["seconds"] = time.perf_counter() - t0
+    if trainer.is_global_zero:
+        (out_dir / "metrics.json").write_text(json.dumps(result, indent=2))
+        OmegaConf.save(cfg, out_dir / "config_resolved.yaml", resolve=True)
+    return result
+
+
+def reference_rows(test, metric_kwargs: dict) -> dict[str, dict[str, float]]:
+    """Metrics of reference predictors on the test split: the true pCTR when known, the base rate."""
+    rows = {}
+    if test.true_p is not None:
+        p = test.true_p.double().clamp(1e-7, 1 - 1e-7)
+        rows["oracle (true pCTR)"] = evaluate_logits(test, torch.log(p / (1 - p)), **metric_kwargs)
+    rate = float((test.label > 0).float().mean().clamp(1e-7, 1 - 1e-7))
+    const = torch.full((test.n_impressions,), math.log(rate / (1 - rate)))
+    rows["base rate"] = evaluate_logits(test, const, **metric_kwargs)
+    return rows
+
+
+def format_table(result: dict[str, Any], columns=TABLE_COLUMNS) -> str:
+    """A small Markdown table: the model's test metrics and the reference rows."""
+    lines = ["| model | " + " | ".join(columns) + " |", "|---" * (len(columns) + 1) + "|"]
+    rows = [("this model", {k.removeprefix("test/"): v for k, v in result.get("test", {}).items()})]
+    rows += list(result.get("reference", {}).items())
+    for name, values in rows:
+        cells = [f"{values[c]:.4f}" if c in values and not math.isnan(values[c]) else "n/a"
+                 for c in columns]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+@hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="config")
+def _hydra_main(cfg: DictConfig) -> float | None:
+    torch.set_float32_matmul_precision("high")
+    result = train(cfg)
+    print()
+    print(format_table(result))
+    print(f"\noutputs: {result['output_dir']} (metrics.json, config_resolved.yaml, checkpoints/, logs/)")
+    print(f"best checkpoint: {result['best_checkpoint']}")
+    print(f"wall time: {result['seconds']:.1f} s")
+    # multirun sweepers minimise/maximise this value
+    return result.get("test", {}).get("test/logloss")
+
+
+def train_main() -> None:
+    """Console script ``hybridrank-train``."""
+    _hydra_main()

@@ -1,0 +1,93 @@
+"""The ``LightningDataModule``: a thin shell around :class:`~hybridrank.data.Splits` and the sampler."""
+
+from __future__ import annotations
+
+import pytorch_lightning as pl
+from torch.utils.data import DataLoader
+
+from .lists import ListData
+from .sampler import GroupBatchSampler, ListDataset
+
+__all__ = ["ListDataModule"]
+
+
+class ListDataModule(pl.LightningDataModule):
+    """Serves batches of whole requests for train / val / test.
+
+    Training batches follow the sampler config (budget, pooling scope, capping, shuffling);
+    evaluation batches hold whole requests in storage order with scope ``request``.
+    Under DDP each rank gets its own disjoint shard of whole batches (the trainer must run with
+    ``use_distributed_sampler=False``: the group-aware sampler does the sharding itself).
+
+    Args:
+        splits: ``Splits(train, val, test, schema)`` from a data source.
+        budget: impressions per training batch.
+        scope: ranking-term pooling scope: ``request``, ``session``, ``user``, ``user_window``.
+        window: window length for ``user_window``.
+        max_unit_size: cap on a unit's impressions (negatives dropped, weights recorded).
+        eval_budget: impressions per evaluation batch.
+        shuffle: shuffle units each epoch.
+        seed: sampler seed.
+        num_workers: DataLoader workers (0 is usually fastest: batches are tensor gathers).
+    """
+
+    def __init__(self, splits, *, budget: int = 4096, scope: str = "request",
+                 window: float | None = None, max_unit_size: int | None = 512,
+                 eval_budget: int = 16384, shuffle: bool = True, seed: int = 0,
+                 num_workers: int = 0):
+        super().__init__()
+        self.splits = splits
+        self.schema = splits.schema
+        self.budget, self.scope, self.window = budget, scope, window
+        self.max_unit_size = None if max_unit_size is None else min(max_unit_size, budget)
+        self.eval_budget, self.shuffle, self.seed, self.num_workers = eval_budget, shuffle, seed, num_workers
+        # fail at construction, not in the middle of the first epoch
+        self.train_sampler(epoch=0)
+
+    def _world(self) -> tuple[int, int]:
+        trainer = self.trainer
+        if trainer is None:
+            return 1, 0
+        return trainer.world_size, trainer.global_rank
+
+    def train_sampler(self, epoch: int) -> GroupBatchSampler:
+        world, rank = self._world()
+        sampler = GroupBatchSampler(
+            self.splits.train, budget=self.budget, scope=self.scope, window=self.window,
+            max_unit_size=self.max_unit_size, shuffle=self.shuffle, seed=self.seed,
+            num_replicas=world, rank=rank,
+        )
+        sampler.set_epoch(epoch)
+        return sampler
+
+    @property
+    def neg_keep_rate(self) -> float:
+        return self.train_sampler(0).neg_keep_rate
+
+    def _loader(self, data: ListData, sampler: GroupBatchSampler, dataset: ListDataset) -> DataLoader:
+        return DataLoader(dataset, sampler=sampler, batch_size=None, collate_fn=_identity,
+                          num_workers=self.num_workers,
+                          persistent_workers=False)
+
+    def train_dataloader(self) -> DataLoader:
+        epoch = self.trainer.current_epoch if self.trainer is not None else 0
+        ds = ListDataset(self.splits.train, scope=self.scope, window=self.window,
+                         max_unit_size=self.max_unit_size, seed=self.seed)
+        return self._loader(self.splits.train, self.train_sampler(epoch), ds)
+
+    def eval_dataloader(self, data: ListData) -> DataLoader:
+        world, rank = self._world()
+        budget = max(self.eval_budget, int(data.lengths.max()))
+        sampler = GroupBatchSampler(data, budget=budget, scope="request", shuffle=False,
+                                    num_replicas=world, rank=rank)
+        return self._loader(data, sampler, ListDataset(data))
+
+    def val_dataloader(self) -> DataLoader:
+        return self.eval_dataloader(self.splits.val)
+
+    def test_dataloader(self) -> DataLoader:
+        return self.eval_dataloader(self.splits.test)
+
+
+def _identity(batch):
+    return batch

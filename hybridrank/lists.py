@@ -1,0 +1,139 @@
+"""The data model shared by every part of hybridrank: splits as flat tensors, batches as padded lists.
+
+Glossary (used by every docstring in the package):
+
+- ``N`` impressions of a split are stored flat and **sorted by request**; request ``r`` owns rows
+  ``offsets[r]:offsets[r + 1]``.
+- A **list** is a padded row of a ``[G, L]`` tensor: ``G`` lists of at most ``L`` impressions.
+  ``mask[g, i]`` is True where a real impression sits; padding is never marked by a label value.
+- **Request lists** are what metrics rank (NDCG, GAUC, ...). **Rank lists** are what the ranking
+  term of the loss sees: the request lists themselves (scope ``request``) or impressions of several
+  requests of one session / user pooled into one list (pseudo-pairs, CONVENTIONS.md §1).
+- ``index[g, i]`` points into the flat impressions of a batch; padding slots point at row 0 and are
+  masked, so a gather ``flat[index]`` is always in range.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields, replace
+
+import torch
+
+__all__ = ["ListData", "Batch", "pad_index", "lengths_to_offsets", "gather_lists"]
+
+
+@dataclass
+class ListData:
+    """One split of impressions as flat tensors, sorted by request.
+
+    Attributes:
+        num: ``[N, F]`` float32 numeric features (already normalised with the train statistics).
+        cat: ``[N, C]`` int64 categorical codes; 0 is the out-of-vocabulary bucket.
+        label: ``[N]`` float32 graded label (clicks are 0/1).
+        offsets: ``[R + 1]`` int64 request boundaries.
+        scope: name -> ``[R]`` int64 dense ids of each request's pooling scope
+            (e.g. ``{"session": ..., "user": ...}``); absent scopes are simply missing.
+        position: ``[N]`` int64 1-based display position, or None.
+        bid: ``[N]`` float32 bid, or None.
+        true_p: ``[N]`` float32 true click probability (simulated data only), or None.
+        request_key: ``[R]`` original request ids as a Python/polars sequence (for exports).
+        item_key: ``[N]`` original item ids, or None.
+        time: ``[R]`` int64 request time (seconds or any monotone unit), or None.
+    """
+
+    num: torch.Tensor
+    cat: torch.Tensor
+    label: torch.Tensor
+    offsets: torch.Tensor
+    scope: dict[str, torch.Tensor] = field(default_factory=dict)
+    position: torch.Tensor | None = None
+    bid: torch.Tensor | None = None
+    true_p: torch.Tensor | None = None
+    request_key: object | None = None
+    item_key: object | None = None
+    time: torch.Tensor | None = None
+
+    @property
+    def n_impressions(self) -> int:
+        return int(self.label.shape[0])
+
+    @property
+    def n_requests(self) -> int:
+        return int(self.offsets.shape[0]) - 1
+
+    @property
+    def lengths(self) -> torch.Tensor:
+        """``[R]`` impressions per request."""
+        return self.offsets[1:] - self.offsets[:-1]
+
+    def request_of_row(self) -> torch.Tensor:
+        """``[N]`` request index of every impression."""
+        return torch.repeat_interleave(torch.arange(self.n_requests), self.lengths)
+
+
+@dataclass
+class Batch:
+    """A batch of whole requests, flat impressions plus two padded list views.
+
+    Attributes:
+        num, cat, label: flat ``[B, F]``, ``[B, C]``, ``[B]`` impressions of the batch.
+        index, mask: ``[G, L]`` request lists (what metrics rank).
+        rank_index, rank_mask: ``[G', L']`` rank lists (what the ranking loss sees).
+        weight: ``[B]`` per-impression weight (1 / keep-rate for down-sampled negatives), or None.
+        rows: ``[B]`` row numbers in the split (for exports and tests).
+        position: ``[B]`` positions, or None.
+    """
+
+    num: torch.Tensor
+    cat: torch.Tensor
+    label: torch.Tensor
+    index: torch.Tensor
+    mask: torch.Tensor
+    rank_index: torch.Tensor
+    rank_mask: torch.Tensor
+    rows: torch.Tensor
+    weight: torch.Tensor | None = None
+    position: torch.Tensor | None = None
+
+    def to(self, device: torch.device | str) -> Batch:
+        moved = {
+            f.name: (v.to(device, non_blocking=True) if isinstance(v, torch.Tensor) else v)
+            for f in fields(self)
+            for v in [getattr(self, f.name)]
+        }
+        return replace(self, **moved)
+
+    def __len__(self) -> int:
+        return int(self.label.shape[0])
+
+
+def lengths_to_offsets(lengths: torch.Tensor) -> torch.Tensor:
+    """``[R]`` lengths -> ``[R + 1]`` offsets (exclusive cumulative sum)."""
+    out = torch.zeros(lengths.shape[0] + 1, dtype=torch.long, device=lengths.device)
+    torch.cumsum(lengths, 0, out=out[1:])
+    return out
+
+
+def pad_index(lengths: torch.Tensor, max_len: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Padded ``[G, L]`` index into a flat array laid out list after list, plus its mask.
+
+    Vectorised: no Python loop over lists.
+
+    >>> idx, m = pad_index(torch.tensor([2, 0, 3]))
+    >>> idx.tolist(), m.tolist()
+    ([[0, 1, 0], [0, 0, 0], [2, 3, 4]], [[True, True, False], [False, False, False], [True, True, True]])
+    """
+    lengths = lengths.long()
+    width = int(lengths.max()) if max_len is None and lengths.numel() else (max_len or 0)
+    starts = lengths_to_offsets(lengths)[:-1]
+    ar = torch.arange(width, device=lengths.device)
+    mask = ar.unsqueeze(0) < lengths.unsqueeze(1)
+    index = torch.where(mask, starts.unsqueeze(1) + ar.unsqueeze(0), torch.zeros((), dtype=torch.long))
+    return index, mask
+
+
+def gather_lists(flat: torch.Tensor, index: torch.Tensor, mask: torch.Tensor, fill: float = 0.0) -> torch.Tensor:
+    """Gather a flat ``[B, ...]`` tensor into padded ``[G, L, ...]`` lists; padding gets ``fill``."""
+    out = flat[index]
+    m = mask.reshape(mask.shape + (1,) * (out.dim() - mask.dim()))
+    return out.masked_fill(~m, fill)

@@ -1,0 +1,309 @@
+"""Group-aware batching: whole requests per batch, pooled rank lists, budgets, DDP shards.
+
+The sampler works on **units**: the requests whose impressions the ranking term pools into one
+list (CONVENTIONS.md §1). With scope ``request`` a unit is one request; with ``session`` / ``user``
+it is every request of that session / user; with ``user_window`` it is a user's requests within one
+time window. A unit is never split across batches, so pseudo-pairs between its requests exist, and
+a request is never split, so metrics rank whole requests.
+
+Per epoch, units are shuffled with a generator seeded by ``(seed, epoch)`` and packed greedily into
+batches of at most ``budget`` impressions. Units longer than ``max_unit_size`` keep all their
+positives and a random subset of negatives; the kept negatives carry weight ``1 / keep_rate`` so the
+pointwise loss stays an unbiased estimate of the full-data loss (CONVENTIONS.md §4), and the overall
+keep rate is recorded. Under DDP every rank gets a disjoint set of whole batches and the same number
+of batches, so no rank waits for a batch that never comes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from .lists import Batch, ListData, lengths_to_offsets, pad_index
+
+__all__ = ["SCOPES", "unit_ids", "GroupBatchSampler", "ListDataset", "collate", "EpochPlan"]
+
+SCOPES = ("request", "session", "user", "user_window")
+
+
+def unit_ids(data: ListData, scope: str = "request", window: float | None = None) -> np.ndarray:
+    """``[R]`` dense id of the pooling unit of each request.
+
+    Args:
+        data: the split.
+        scope: ``"request"``, ``"session"``, ``"user"`` or ``"user_window"`` (a user's requests whose
+            time falls in the same window of ``window`` time units).
+        window: window length for ``"user_window"``, in the unit of the data's time column.
+    """
+    if scope not in SCOPES:
+        raise ValueError(f"unknown sampler scope {scope!r}; choose one of {SCOPES}")
+    if scope == "request":
+        return np.arange(data.n_requests, dtype=np.int64)
+    key = "user" if scope == "user_window" else scope
+    if key not in data.scope:
+        have = ["request", *sorted(data.scope)]
+        raise ValueError(
+            f"sampler scope {scope!r} needs a {key!r} column mapped in the data config, "
+            f"but this split only knows the scopes {have}"
+        )
+    ids = data.scope[key].cpu().numpy().astype(np.int64)
+    if ids.shape[0] != data.n_requests:
+        raise ValueError(f"scope {key!r} has {ids.shape[0]} ids for {data.n_requests} requests")
+    if (ids < 0).any():
+        bad = int(np.flatnonzero(ids < 0)[0])
+        raise ValueError(f"scope {key!r} id is missing for request #{bad} "
+                         f"({int((ids < 0).sum())} requests without one)")
+    if scope == "user_window":
+        if window is None or window <= 0:
+            raise ValueError("scope 'user_window' needs a positive sampler.window")
+        if data.time is None:
+            raise ValueError("scope 'user_window' needs a time column mapped in the data config")
+        bucket = np.floor_divide(data.time.cpu().numpy(), window).astype(np.int64)
+        ids = ids * (int(bucket.max()) + 1) + (bucket - bucket.min())
+    _, dense = np.unique(ids, return_inverse=True)
+    return dense.astype(np.int64)
+
+
+@dataclass(frozen=True)
+class EpochPlan:
+    """The batches of one epoch for one rank: request indices, grouped by unit inside a batch."""
+
+    batches: list[np.ndarray]
+    n_impressions: int
+
+
+class GroupBatchSampler:
+    """Yields arrays of request indices; each batch holds whole units and at most ``budget`` rows.
+
+    Args:
+        data: the split to sample from.
+        budget: largest number of impressions per batch (after capping long units).
+        scope: pooling scope of the ranking term, see :func:`unit_ids`.
+        window: window length for scope ``user_window``.
+        max_unit_size: units with more impressions keep all positives and a random subset of
+            negatives up to this size (training only). ``None`` never caps.
+        shuffle: shuffle the order of units each epoch (deterministic in ``(seed, epoch)``).
+        seed: base seed.
+        num_replicas, rank: DDP world size and this process's rank.
+    """
+
+    def __init__(self, data: ListData, *, budget: int = 4096, scope: str = "request",
+                 window: float | None = None, max_unit_size: int | None = None,
+                 shuffle: bool = True, seed: int = 0, num_replicas: int = 1, rank: int = 0):
+        if budget < 1:
+            raise ValueError(f"sampler budget must be positive, got {budget}")
+        if max_unit_size is not None and not 1 <= max_unit_size <= budget:
+            raise ValueError(f"max_unit_size={max_unit_size} must lie in [1, budget={budget}]")
+        if not 0 <= rank < num_replicas:
+            raise ValueError(f"rank {rank} outside world of {num_replicas}")
+        self.budget, self.scope, self.max_unit_size = int(budget), scope, max_unit_size
+        self.shuffle, self.seed = shuffle, int(seed)
+        self.num_replicas, self.rank = int(num_replicas), int(rank)
+        self.epoch = 0
+        units = unit_ids(data, scope, window)
+        self.order = np.argsort(units, kind="stable")          # requests grouped by unit
+        sizes = np.bincount(units, weights=data.lengths.numpy(), minlength=units.max() + 1 if units.size else 0)
+        n_units = sizes.shape[0]
+        self.unit_offsets = np.zeros(n_units + 1, dtype=np.int64)
+        np.cumsum(np.bincount(units, minlength=n_units), out=self.unit_offsets[1:])
+        pos = np.bincount(np.repeat(units, data.lengths.numpy()),
+                          weights=(data.label.numpy() > 0), minlength=n_units)
+        self.unit_size = sizes.astype(np.int64)
+        self.unit_pos = pos.astype(np.int64)
+        self.effective_size = self.unit_size.copy()
+        if max_unit_size is not None:
+            capped = self.unit_size > max_unit_size
+            self.effective_size[capped] = np.maximum(self.unit_pos[capped], max_unit_size)
+        too_big = self.effective_size > self.budget
+        if too_big.any():
+            u = int(np.flatnonzero(too_big)[0])
+            raise ValueError(
+                f"{int(too_big.sum())} {scope} unit(s) do not fit the batch budget of {self.budget} "
+                f"impressions (the first holds {int(self.unit_size[u])} impressions, "
+                f"{int(self.unit_pos[u])} positive); raise sampler.budget or set "
+                f"sampler.max_unit_size to cap them by dropping negatives"
+            )
+        if self.n_units < self.num_replicas:
+            raise ValueError(f"{self.n_units} {scope} unit(s) cannot be shared by "
+                             f"{self.num_replicas} ranks: every rank needs at least one batch")
+        self._plan: EpochPlan | None = None
+        self.plan()  # surface packing errors now, not in the middle of an epoch
+
+    @property
+    def neg_keep_rate(self) -> float:
+        """Share of negatives an epoch keeps (1.0 when no unit is capped)."""
+        neg = self.unit_size - self.unit_pos
+        kept = self.effective_size - self.unit_pos
+        total = int(neg.sum())
+        return float(kept.sum() / total) if total else 1.0
+
+    @property
+    def n_units(self) -> int:
+        return int(self.unit_size.shape[0])
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = int(epoch)
+        self._plan = None
+
+    def plan(self) -> EpochPlan:
+        """The batches of this rank for the current epoch (computed once per epoch)."""
+        if self._plan is None:
+            self._plan = self._make_plan()
+        return self._plan
+
+    def _make_plan(self) -> EpochPlan:
+        n = self.n_units
+        if self.shuffle:
+            perm = np.random.default_rng([self.seed, self.epoch]).permutation(n)
+        else:
+            perm = np.arange(n)
+        sizes = self.effective_size[perm]
+        cum = np.concatenate([[0], np.cumsum(sizes)])
+        # greedy packing: a loop over batches (not units) with a binary search for each end
+        bounds = [0]
+        while bounds[-1] < n:
+            s = bounds[-1]
+            e = int(np.searchsorted(cum, cum[s] + self.budget, side="right")) - 1
+            bounds.append(max(e, s + 1))
+        bounds = self._divisible_bounds(bounds)
+        mine = range(self.rank, len(bounds) - 1, self.num_replicas)
+        batches = []
+        total = 0
+        for b in mine:
+            units = perm[bounds[b]:bounds[b + 1]]
+            batches.append(self._requests_of(units))
+            total += int(sizes[bounds[b]:bounds[b + 1]].sum())
+        return EpochPlan(batches, total)
+
+    def _divisible_bounds(self, bounds: list[int]) -> list[int]:
+        """Split batches of several units until the count divides by the number of replicas."""
+        while (len(bounds) - 1) % self.num_replicas:
+            widths = np.diff(bounds)
+            b = int(np.argmax(widths))
+            if widths[b] < 2:
+                raise ValueError(
+                    f"cannot give {self.num_replicas} ranks the same number of batches: only "
+                    f"{len(bounds) - 1} single-unit batches; lower sampler.budget or use fewer devices"
+                )
+            bounds.insert(b + 1, bounds[b] + int(widths[b]) // 2)
+        return bounds
+
+    def _requests_of(self, units: np.ndarray) -> np.ndarray:
+        starts, ends = self.unit_offsets[units], self.unit_offsets[units + 1]
+        counts = ends - starts
+        idx = np.repeat(starts - np.concatenate([[0], np.cumsum(counts)[:-1]]), counts)
+        return self.order[idx + np.arange(int(counts.sum()))]
+
+    def __iter__(self) -> Iterator[np.ndarray]:
+        yield from self.plan().batches
+
+    def __len__(self) -> int:
+        return len(self.plan().batches)
+
+
+class ListDataset(torch.utils.data.Dataset):
+    """Turns an array of request indices into a :class:`Batch` (vectorised, no per-row access).
+
+    Used with ``DataLoader(dataset, sampler=GroupBatchSampler(...), batch_size=None)``: the sampler
+    yields whole batches of requests and ``__getitem__`` builds the tensors of one batch at once.
+    """
+
+    def __init__(self, data: ListData, *, scope: str = "request", window: float | None = None,
+                 max_unit_size: int | None = None, seed: int = 0):
+        self.data = data
+        self.units = torch.from_numpy(unit_ids(data, scope, window))
+        self.max_unit_size = max_unit_size
+        self.seed = seed
+        self.calls = 0
+
+    def __len__(self) -> int:
+        return self.data.n_requests
+
+    def __getitem__(self, requests: np.ndarray | torch.Tensor) -> Batch:
+        req = torch.as_tensor(requests, dtype=torch.long)
+        gen = None
+        if self.max_unit_size is not None:
+            # a generator per batch, derived from the seed and the batch content: deterministic
+            gen = torch.Generator().manual_seed(self.seed * 1_000_003 + int(req[:8].sum()) + len(req))
+        return collate(self.data, req, self.units[req], max_unit_size=self.max_unit_size,
+                       generator=gen)
+
+
+def collate(data: ListData, requests: torch.Tensor, units: torch.Tensor | None = None, *,
+            max_unit_size: int | None = None, generator: torch.Generator | None = None) -> Batch:
+    """Build the :class:`Batch` of the given requests.
+
+    Args:
+        data: the split.
+        requests: ``[g]`` request indices, requests of one unit adjacent.
+        units: ``[g]`` unit id of each request (None: every request is its own unit).
+        max_unit_size: cap on a unit's impressions (keeps all positives), or None.
+        generator: random source for the negatives kept when capping.
+
+    Returns:
+        The batch: flat rows in request order, request lists and rank (unit) lists.
+    """
+    lengths = data.lengths[requests]
+    starts = data.offsets[requests]
+    req_off = lengths_to_offsets(lengths)
+    n = int(req_off[-1])
+    rows = torch.repeat_interleave(starts - req_off[:-1], lengths) + torch.arange(n)
+    req_of_row = torch.repeat_interleave(torch.arange(len(requests)), lengths)
+    if units is None:
+        units = torch.arange(len(requests))
+    # dense, run-ordered unit index per request (units are adjacent by construction)
+    new_unit = torch.ones(len(requests), dtype=torch.bool)
+    new_unit[1:] = units[1:] != units[:-1]
+    unit_of_req = torch.cumsum(new_unit.long(), 0) - 1
+    unit_of_row = unit_of_req[req_of_row]
+    label = data.label[rows]
+    weight = None
+    if max_unit_size is not None:
+        keep, weight = _cap_units(unit_of_row, label, max_unit_size, generator)
+        if weight is not None:
+            rows, req_of_row, unit_of_row, label = rows[keep], req_of_row[keep], unit_of_row[keep], label[keep]
+            weight = weight[keep]
+            lengths = torch.bincount(req_of_row, minlength=len(requests))
+    index, mask = pad_index(lengths)
+    n_units = int(unit_of_req[-1]) + 1 if len(requests) else 0
+    unit_len = torch.bincount(unit_of_row, minlength=n_units)
+    rank_index, rank_mask = pad_index(unit_len)
+    return Batch(
+        num=data.num[rows], cat=data.cat[rows], label=label,
+        index=index, mask=mask, rank_index=rank_index, rank_mask=rank_mask, rows=rows,
+        weight=weight, position=None if data.position is None else data.position[rows],
+    )
+
+
+def _cap_units(unit_of_row: torch.Tensor, label: torch.Tensor, cap: int,
+               generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Keep all positives and random negatives so each unit has at most ``max(cap, n_pos)`` rows.
+
+    Returns the keep mask and per-row weights (1 for positives, ``n_neg / kept_neg`` for kept
+    negatives of a capped unit), or ``(all True, None)`` when nothing is dropped.
+    """
+    n_units = int(unit_of_row.max()) + 1 if unit_of_row.numel() else 0
+    size = torch.bincount(unit_of_row, minlength=n_units)
+    if not bool((size > cap).any()):
+        return torch.ones_like(label, dtype=torch.bool), None
+    neg = label <= 0
+    n_neg = torch.bincount(unit_of_row, weights=neg.double(), minlength=n_units).long()
+    n_pos = size - n_neg
+    neg_budget = torch.clamp(cap - n_pos, min=0)
+    # rank negatives within their unit by a random priority; positives sort first
+    prio = torch.rand(label.shape, generator=generator, dtype=torch.float64)
+    prio = torch.where(neg, prio, torch.full_like(prio, -1.0))
+    order = torch.argsort(unit_of_row.double() * 4 + prio + 1, stable=True)
+    unit_start = lengths_to_offsets(size)[:-1]
+    rank_in_unit = torch.empty_like(unit_of_row)
+    rank_in_unit[order] = torch.arange(len(order)) - unit_start[unit_of_row[order]]
+    # position among negatives = rank - n_pos of the unit
+    neg_rank = rank_in_unit - n_pos[unit_of_row]
+    keep = ~neg | (neg_rank < neg_budget[unit_of_row])
+    kept_neg = torch.minimum(neg_budget, n_neg)
+    rate = torch.where(n_neg > 0, kept_neg.double() / n_neg.clamp(min=1).double(), torch.ones(n_units, dtype=torch.float64))
+    w = torch.where(neg, 1.0 / rate[unit_of_row].clamp(min=1e-12), torch.ones_like(rate[unit_of_row]))
+    return keep, w.float()

@@ -1,0 +1,30 @@
+"""Shared test fixtures: hypothesis profiles and the real-data folder."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, settings
+
+settings.register_profile(
+    "default", max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
+settings.register_profile("ci", max_examples=100, deadline=None, derandomize=True,
+                          suppress_health_check=[HealthCheck.too_slow])
+settings.register_profile("dev", max_examples=20, deadline=None)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "default"))
+
+
+@pytest.fixture(scope="session")
+def real_data() -> Path:
+    """The shared real-data folder (``HYBRIDRANK_REAL_DATA``); tests using it skip without it."""
+    root = os.environ.get("HYBRIDRANK_REAL_DATA")
+    if not root:
+        pytest.skip("HYBRIDRANK_REAL_DATA is not set: real-data tests need the shared data folder "
+                    "(CI sets it to ../shared/data)")
+    path = Path(root)
+    if not (path / "letor").is_dir():
+        pytest.fail(f"HYBRIDRANK_REAL_DATA={root} does not hold letor/ (see data/README.md)")
+    return path
