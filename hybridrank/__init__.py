@@ -6,7 +6,16 @@ of whole impression lists from a group-aware sampler, reporting NDCG and calibra
 See ``docs/ARCHITECTURE.md`` for how the parts fit.
 """
 
-from .data import ClickLogSource, ColumnMap, LetorSource, Schema, SimulatedSource, Splits, read_clicklog, read_libsvm
+from .data import (
+    ClickLogSource,
+    ColumnMap,
+    LetorSource,
+    Schema,
+    SimulatedSource,
+    Splits,
+    read_clicklog,
+    read_libsvm,
+)
 from .lists import Batch, ListData
 from .losses import HybridLoss, click_logit
 from .metrics import ListMetrics

@@ -45,6 +45,7 @@ def build(cfg: DictConfig):
         schema=splits.schema.to_dict(),
         config=OmegaConf.to_container(cfg, resolve=True),
         neg_keep_rate=datamodule.neg_keep_rate,
+        neg_weighted=True,  # the sampler weights kept negatives by 1 / keep-rate
     )
     return splits, datamodule, module
 

@@ -33,6 +33,8 @@ class HybridRanker(pl.LightningModule):
         schema: the data schema as a dict (feature names, vocabularies, scaler), kept in checkpoints.
         config: the resolved run config, kept in checkpoints so exports can rebuild the scorer.
         neg_keep_rate: share of negatives the training sampler kept (1.0: none dropped).
+        neg_weighted: whether kept negatives were re-weighted by 1 / keep-rate in the loss (then
+            the scores need no down-sampling correction at export; see docs/EXPORT.md).
         monitor: the metric a scheduler steps on (e.g. ``val/logloss``).
     """
 
@@ -43,6 +45,7 @@ class HybridRanker(pl.LightningModule):
                  schema: Mapping[str, Any] | None = None,
                  config: Mapping[str, Any] | None = None,
                  neg_keep_rate: float = 1.0,
+                 neg_weighted: bool = True,
                  monitor: str = "val/logloss"):
         super().__init__()
         self.save_hyperparameters(ignore=["scorer", "loss", "optimizer", "scheduler"])

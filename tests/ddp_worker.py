@@ -44,7 +44,7 @@ def main(out: Path, devices: int) -> None:
     kwargs = dict(accelerator="cpu", devices=devices, max_epochs=2, logger=False,
                   enable_checkpointing=False, enable_progress_bar=False,
                   use_distributed_sampler=False, reload_dataloaders_every_n_epochs=1,
-                  num_sanity_val_steps=0, enable_model_summary=False, limit_val_batches=0)
+                  num_sanity_val_steps=0, enable_model_summary=False, check_val_every_n_epoch=100)
     if devices > 1:
         kwargs["strategy"] = "ddp"
     trainer = pl.Trainer(callbacks=[RecordRows(out)], **kwargs)

@@ -1,0 +1,161 @@
+"""Calibration reports: numbers (JSON) and figures (PNG) before and after a calibrator.
+
+:func:`calibration_summary` gathers, for one set of predictions, the log loss, ECE, PCOC, the
+reliability table (quantile bins, CONVENTIONS.md §2) and PCOC by position. :func:`write_report`
+writes several summaries (e.g. ``{"before": ..., "after": ...}``) as ``calibration.json``,
+``reliability.png`` (mean predicted vs observed rate per bin, with counts, diagonal drawn) and
+``pcoc_by_position.png``.
+
+matplotlib is optional (the ``export`` / ``dev`` extras); it is imported only when a figure is
+drawn, and drawn with the Agg canvas directly (no pyplot global state, no display needed).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .calibration_metrics import ece, log_loss, pcoc, pcoc_by_position, reliability_table
+from .export import atomic_path
+
+__all__ = ["calibration_summary", "plot_reliability", "plot_pcoc_by_position", "write_report"]
+
+
+def _num(x) -> float | None:
+    v = float(x)
+    return v if math.isfinite(v) else None
+
+
+def calibration_summary(p, labels, positions=None, *, bins: int = 15,
+                        binning: str = "quantile") -> dict[str, Any]:
+    """Calibration numbers of predicted probabilities ``p`` against click labels.
+
+    Args:
+        p: ``[N]`` probabilities. labels: ``[N]`` (clicks are ``label > 0``).
+        positions: ``[N]`` display positions, or None.
+        bins, binning: ECE / reliability bins (default 15 quantile bins).
+
+    Returns:
+        JSON-able dict: ``n``, ``positives``, ``logloss``, ``ece``, ``pcoc`` (None if no click),
+        ``reliability`` (lists ``count``, ``mean_p``, ``mean_y`` per bin; empty bins dropped) and
+        ``pcoc_by_position`` (lists ``position``, ``count``, ``positives``, ``pcoc`` with None where
+        a position has no click) when positions are given.
+    """
+    p = torch.as_tensor(p).reshape(-1).double()
+    y = torch.as_tensor(labels).reshape(-1).double()
+    out: dict[str, Any] = {
+        "n": int(p.numel()),
+        "positives": int((y > 0).sum()),
+        "logloss": float(log_loss(p, y)),
+        "ece": float(ece(p, y, bins=bins, binning=binning)),
+        "pcoc": float(pcoc(p, y)) if bool((y > 0).any()) else None,
+        "bins": bins, "binning": binning,
+    }
+    t = reliability_table(p, y, bins, binning)
+    keep = t.count > 0
+    out["reliability"] = {"count": t.count[keep].long().tolist(), "mean_p": t.mean_p[keep].tolist(),
+                          "mean_y": t.mean_y[keep].tolist()}
+    if positions is not None:
+        r = pcoc_by_position(p, y, torch.as_tensor(positions).reshape(-1))
+        out["pcoc_by_position"] = {
+            "position": r.position.tolist(), "count": r.count.long().tolist(),
+            "positives": r.positives.long().tolist(), "pcoc": [_num(v) for v in r.pcoc.tolist()],
+        }
+    return out
+
+
+def _figure(width: float = 6.0, height: float = 4.5):
+    try:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+    except ImportError:  # pragma: no cover - depends on the environment
+        raise ImportError("drawing calibration figures needs matplotlib: pip install "
+                          "'hybridrank[export]' (or figures=false for the JSON only)") from None
+    fig = Figure(figsize=(width, height), dpi=110)
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def plot_reliability(summaries: Mapping[str, Mapping[str, Any]], path: str | Path,
+                     title: str = "Reliability diagram") -> Path:
+    """Reliability diagram of several summaries on one figure, impressions per bin below.
+
+    Top: mean predicted pCTR vs observed click rate per quantile bin, one line per summary, the
+    diagonal ``y = x`` dashed. Bottom: impressions per bin. Written atomically as PNG.
+    """
+    fig = _figure(6.0, 6.0)
+    ax, axc = fig.subplots(2, 1, sharex=True, gridspec_kw={"height_ratios": [3, 1]})
+    hi = 0.0
+    for name, s in summaries.items():
+        r = s["reliability"]
+        ax.plot(r["mean_p"], r["mean_y"], marker="o", ms=3, label=f"{name} (ECE {s['ece']:.4f})")
+        axc.plot(r["mean_p"], r["count"], marker="o", ms=3, ls="none", label=name)
+        hi = max(hi, *r["mean_p"], *r["mean_y"])
+    hi = min(hi * 1.05, 1.0) or 1.0
+    ax.plot([0, hi], [0, hi], ls="--", color="grey", lw=1, label="perfect calibration")
+    ax.set_xlim(0, hi)
+    ax.set_ylim(0, hi)
+    ax.set_ylabel("observed click rate")
+    ax.set_title(title)
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    axc.set_ylim(bottom=0)
+    axc.set_xlabel("mean predicted pCTR per quantile bin")
+    axc.set_ylabel("impressions")
+    axc.grid(alpha=0.3)
+    fig.tight_layout()
+    return _save(fig, path)
+
+
+def plot_pcoc_by_position(summaries: Mapping[str, Mapping[str, Any]], path: str | Path,
+                          title: str = "PCOC by position") -> Path:
+    """PCOC (predicted / observed clicks) per display position, one line per summary; 1 dashed."""
+    fig = _figure()
+    ax = fig.subplots()
+    for name, s in summaries.items():
+        r = s.get("pcoc_by_position")
+        if not r:
+            continue
+        pts = [(p, v) for p, v in zip(r["position"], r["pcoc"]) if v is not None]
+        if pts:
+            ax.plot(*zip(*pts), marker="o", ms=3, label=name)
+    ax.axhline(1.0, ls="--", color="grey", lw=1, label="PCOC = 1")
+    ax.set_xlabel("position")
+    ax.set_ylabel("PCOC = sum(pCTR) / clicks")
+    ax.set_title(title)
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    return _save(fig, path)
+
+
+def _save(fig, path: str | Path) -> Path:
+    path = Path(path)
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format="png")
+    return path
+
+
+def write_report(out_dir: str | Path, summaries: Mapping[str, Mapping[str, Any]], *,
+                 extra: Mapping[str, Any] | None = None, figures: bool = True) -> dict[str, str]:
+    """Write ``calibration.json`` (+ ``reliability.png``, ``pcoc_by_position.png``) to ``out_dir``.
+
+    Returns:
+        name -> path of every file written.
+    """
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = {"json": out_dir / "calibration.json"}
+    with atomic_path(paths["json"]) as tmp:
+        tmp.write_text(json.dumps({**(extra or {}), "summaries": dict(summaries)}, indent=2))
+    if figures:
+        paths["reliability"] = plot_reliability(summaries, out_dir / "reliability.png")
+        if any(s.get("pcoc_by_position") for s in summaries.values()):
+            paths["pcoc_by_position"] = plot_pcoc_by_position(
+                summaries, out_dir / "pcoc_by_position.png")
+    return {k: str(v) for k, v in paths.items()}

@@ -1,0 +1,356 @@
+"""Score export, atomic writes, portable models, bad inputs and the calibration report."""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+
+from hybridrank.calibration import IsotonicCalibrator, TemperatureCalibrator, calibrator_from_dict
+from hybridrank.export import (
+    ScoreWriter,
+    atomic_path,
+    build_metadata,
+    export_torchscript,
+    load_ranker,
+    ranks_within_requests,
+    read_scores,
+    score_data,
+)
+from hybridrank.lists import ListData, lengths_to_offsets
+from hybridrank.module import predict_logits
+from hybridrank.nets import MLPScorer
+
+CONF = Path(__file__).resolve().parents[1] / "conf"
+N_USERS = 150
+
+
+def compose_cfg(name: str, *overrides: str):
+    with initialize_config_dir(str(CONF), version_base="1.3"):
+        return compose(name, overrides=list(overrides))
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """A tiny model trained in-process through the hydra config; its checkpoint and test split."""
+    from hybridrank.cli import train
+
+    out = tmp_path_factory.mktemp("run")
+    cfg = compose_cfg("config", f"paths.output_dir={out}", f"data.source.n_users={N_USERS}",
+                      "trainer.max_epochs=1", "trainer.enable_progress_bar=false")
+    result = train(cfg)
+    ckpt = Path(result["best_checkpoint"])
+    module, config, schema = load_ranker(ckpt)
+    import hydra
+
+    splits = hydra.utils.instantiate(config["data"]["source"]).load()
+    return {"ckpt": ckpt, "module": module, "config": config, "schema": schema, "splits": splits}
+
+
+def export_cfg(trained, out: Path, *overrides: str):
+    return compose_cfg("export", f"checkpoint={trained['ckpt']}", f"output={out}", *overrides)
+
+
+def no_temp_files(directory: Path) -> bool:
+    return not [p for p in directory.iterdir() if p.name.startswith(".") and p.suffix == ".tmp"]
+
+
+# --- pure helpers ------------------------------------------------------------------------------
+def test_ranks_by_pctr_ties_in_storage_order():
+    p = np.array([0.2, 0.5, 0.5, 0.1, 0.3, 0.3, 0.3])
+    offsets = np.array([0, 4, 7])
+    ranks = ranks_within_requests(p, offsets)
+    assert ranks.tolist() == [3, 1, 2, 4, 1, 2, 3]
+
+
+def test_atomic_path_keeps_old_file_on_error(tmp_path):
+    target = tmp_path / "scores.parquet"
+    target.write_text("OLD")
+    with pytest.raises(RuntimeError, match="boom"), atomic_path(target) as tmp:
+        tmp.write_text("half a file")
+        raise RuntimeError("boom")
+    assert target.read_text() == "OLD"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["scores.parquet"]
+
+
+@pytest.mark.parametrize("suffix", [".parquet", ".csv"])
+def test_score_writer_exception_mid_write_leaves_old_file(tmp_path, suffix):
+    target = tmp_path / f"scores{suffix}"
+    target.write_text("OLD")
+    frame = pl.DataFrame({"request_id": [1, 1], "pctr": [0.1, 0.2]})
+    meta = {"hybridrank_version": "test"}
+    with pytest.raises(RuntimeError, match="disk on fire"), ScoreWriter(target, meta) as w:
+        w.write(frame)
+        w.write(frame)
+        raise RuntimeError("disk on fire")
+    assert target.read_text() == "OLD"
+    assert sorted(p.name for p in tmp_path.iterdir()) == [target.name]
+    with ScoreWriter(target, meta) as w:  # and a clean write replaces it
+        w.write(frame)
+    back, md = read_scores(target)
+    assert back.height == 2 and md["hybridrank_version"] == "test" and md["n_rows"] == 2
+
+
+def test_two_output_model_exports_both_logits(tmp_path):
+    torch.manual_seed(0)
+    scorer = MLPScorer(3, [5, 4], n_outputs=2, hidden=(8,))
+    n = 9
+    data = ListData(num=torch.randn(n, 3), cat=torch.randint(0, 5, (n, 2)), label=torch.zeros(n),
+                    offsets=lengths_to_offsets(torch.tensor([4, 5])),
+                    bid=torch.rand(n), request_key=pl.Series("request", ["a", "b"]))
+    f = score_data(scorer, data)
+    assert {"logit0", "logit1"} <= set(f.columns)
+    assert np.allclose(f["logit"], f["logit1"] - f["logit0"], atol=1e-6)
+    assert f["request_id"].to_list() == ["a"] * 4 + ["b"] * 5
+    assert np.array_equal(f["ecpm"].to_numpy(), f["bid"].to_numpy() * f["pctr"].to_numpy())
+    model = torch.jit.load(str(export_torchscript(scorer, None, tmp_path / "m.pt")))
+    assert np.allclose(model(data.num, data.cat).numpy(), f["pctr"].to_numpy(), atol=1e-6)
+
+
+# --- end to end on a trained checkpoint ----------------------------------------------------------
+@pytest.mark.slow
+def test_export_matches_in_memory_prediction(trained, tmp_path):
+    from hybridrank.export_cli import export
+
+    out = tmp_path / "scores.parquet"
+    result = export(export_cfg(trained, out, "calibrator=temperature", "chunk_rows=500"))
+    frame, meta = read_scores(out)
+    test = trained["splits"].test
+    assert result["n_rows"] == frame.height == test.n_impressions
+    # same logits and pCTR as the in-memory model, row for row (storage order)
+    z = predict_logits(trained["module"].scorer, test).reshape(-1)
+    assert np.allclose(frame["logit"].to_numpy(), z.numpy(), atol=1e-6)
+    cal = calibrator_from_dict(meta["calibrator"])
+    assert isinstance(cal, TemperatureCalibrator)
+    assert np.allclose(frame["pctr"].to_numpy(), cal.predict_proba(z.double()).numpy(),
+                       atol=1e-9)
+    # ranks: 1-based within request by pCTR, ties by storage order (brute-force reference)
+    off = test.offsets.tolist()
+    pctr = frame["pctr"].to_list()
+    expected = []
+    for r in range(len(off) - 1):
+        idx = list(range(off[r], off[r + 1]))
+        order = sorted(idx, key=lambda i: (-pctr[i], i))
+        rank = {i: k + 1 for k, i in enumerate(order)}
+        expected += [rank[i] for i in idx]
+    assert frame["rank"].to_list() == expected
+    # ids, positions and eCPM
+    assert frame["request_id"].to_list() == test.request_key.gather(
+        test.request_of_row().numpy()).to_list()
+    assert frame["position"].to_list() == test.position.tolist()
+    assert np.array_equal(frame["ecpm"].to_numpy(),
+                          test.bid.double().numpy() * frame["pctr"].to_numpy())
+    # metadata round trip
+    assert meta["checkpoint_sha256"] == hashlib.sha256(trained["ckpt"].read_bytes()).hexdigest()
+    assert Path(meta["checkpoint_path"]) == trained["ckpt"].resolve()
+    assert meta["config"] == trained["config"]
+    assert calibrator_from_dict(meta["calibrator"]).to_dict() == meta["calibrator"]
+    assert meta["neg_keep_rate"] == pytest.approx(trained["module"].hparams.neg_keep_rate)
+    assert meta["correction_applied"] is False
+    assert dt.datetime.fromisoformat(meta["created_at"]).tzinfo is not None
+    assert meta["hybridrank_version"]
+    assert meta["n_rows"] == frame.height
+    fit = meta["calibration_fit"]
+    assert fit["split"] == "val" and fit["after"]["logloss"] <= fit["before"]["logloss"] + 1e-9
+    assert no_temp_files(tmp_path)
+
+
+@pytest.mark.slow
+def test_csv_export_with_sidecar_and_all_splits(trained, tmp_path):
+    from hybridrank.export_cli import export
+
+    out = tmp_path / "scores.csv"
+    export(export_cfg(trained, out, "calibrator=none", "split=all"))
+    assert (tmp_path / "scores.csv.meta.json").exists()
+    frame, meta = read_scores(out)
+    s = trained["splits"]
+    assert frame.height == s.train.n_impressions + s.val.n_impressions + s.test.n_impressions
+    assert frame["split"].unique().sort().to_list() == ["test", "train", "val"]
+    assert meta["calibrator"] == {"name": "none"}
+    z = predict_logits(trained["module"].scorer, s.val).reshape(-1).double()
+    got = frame.filter(pl.col("split") == "val")["pctr"].to_numpy()
+    assert np.allclose(got, torch.sigmoid(z).numpy(), atol=1e-9)
+
+
+@pytest.fixture(scope="module")
+def sim_file(trained, tmp_path_factory):
+    """The simulated click log behind the checkpoint, as a parquet file."""
+    from hybridrank.simulate import simulate_clicklog
+
+    src = dict(trained["config"]["data"]["source"])
+    kwargs = {k: v for k, v in src.items() if k not in ("_target_", "split")}
+    path = tmp_path_factory.mktemp("data") / "log.parquet"
+    simulate_clicklog(**kwargs).write_parquet(path)
+    return path
+
+
+@pytest.mark.slow
+def test_input_file_streams_in_chunks_and_ignores_row_order(trained, sim_file, tmp_path):
+    from hybridrank.export_cli import export
+
+    a = tmp_path / "a.parquet"
+    export(export_cfg(trained, a, "calibrator=none", f"input={sim_file}", "chunk_rows=700"))
+    shuffled = tmp_path / "shuffled.parquet"
+    pl.read_parquet(sim_file).sample(fraction=1.0, shuffle=True, seed=3).write_parquet(shuffled)
+    b = tmp_path / "b.parquet"
+    export(export_cfg(trained, b, "calibrator=none", f"input={shuffled}", "chunk_rows=700"))
+    fa, ma = read_scores(a)
+    fb, _ = read_scores(b)
+    assert fa.height == fb.height == pl.read_parquet(sim_file).height
+    assert ma["scored"]["input"] == str(sim_file)
+    key = ["request_id", "item_id"]
+    j = fa.join(fb, on=key, suffix="_b")
+    assert j.height == fa.height
+    assert np.allclose(j["pctr"].to_numpy(), j["pctr_b"].to_numpy(), atol=1e-6)
+    assert (j["rank"] == j["rank_b"]).all()
+
+
+@pytest.mark.slow
+def test_unlabeled_input_has_no_label_column(trained, sim_file, tmp_path):
+    from hybridrank.export_cli import export
+
+    nolabel = tmp_path / "new.parquet"
+    pl.read_parquet(sim_file).drop("click", "p_true").write_parquet(nolabel)
+    out = tmp_path / "s.parquet"
+    export(export_cfg(trained, out, "calibrator=none", f"input={nolabel}"))
+    frame, _ = read_scores(out)
+    assert "label" not in frame.columns and "pctr" in frame.columns
+
+
+@pytest.mark.slow
+def test_failure_in_a_later_chunk_leaves_old_file(trained, sim_file, tmp_path):
+    from hybridrank.export_cli import export
+
+    df = pl.read_parquet(sim_file)
+    last = df["request_id"][-1]
+    bad = tmp_path / "bad.parquet"
+    df.with_columns(pl.when(pl.col("request_id") == last).then(float("nan"))
+                    .otherwise(pl.col("item_price")).alias("item_price")).write_parquet(bad)
+    out = tmp_path / "scores.parquet"
+    out.write_text("OLD")
+    with pytest.raises(ValueError, match="item_price"):
+        export(export_cfg(trained, out, "calibrator=none", f"input={bad}", "chunk_rows=300"))
+    assert out.read_text() == "OLD"
+    assert no_temp_files(tmp_path)
+
+
+@pytest.mark.slow
+def test_bad_inputs_fail_before_any_output(trained, sim_file, tmp_path):
+    from hybridrank.export_cli import export
+
+    df = pl.read_parquet(sim_file)
+    out = tmp_path / "o.parquet"
+    # a column the model needs
+    missing = tmp_path / "missing.parquet"
+    df.drop("item_price").write_parquet(missing)
+    with pytest.raises(ValueError, match=r"'item_price' \(numeric feature\)"):
+        export(export_cfg(trained, out, "calibrator=none", f"input={missing}"))
+    # negative and NaN bids: count and first row
+    bids = df["bid"].to_numpy().copy()
+    bids[[5, 17]] = [-1.0, np.nan]
+    badbid = tmp_path / "badbid.parquet"
+    df.with_columns(pl.Series("bid", bids)).write_parquet(badbid)
+    with pytest.raises(ValueError, match=r"2 bid\(s\).*row 6"):
+        export(export_cfg(trained, out, "calibrator=none", f"input={badbid}"))
+    # an output path that cannot be written (its parent is a file)
+    blocker = tmp_path / "blocker"
+    blocker.write_text("x")
+    with pytest.raises(ValueError, match="blocker"):
+        export(export_cfg(trained, blocker / "o.parquet", "calibrator=none"))
+    # data with another feature schema than the checkpoint's
+    cfg = export_cfg(trained, out, "calibrator=none", "data=sim",
+                     f"data.source.n_users={N_USERS}", "data.source.n_items=300")
+    with pytest.raises(ValueError, match="different feature schema.*vocabulary size of 'item_id'"):
+        export(cfg)
+    assert not out.exists()
+    assert no_temp_files(tmp_path)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("cal", ["temperature", "isotonic"])
+def test_portable_models_reproduce_pctr(trained, tmp_path, cal):
+    onnx = pytest.importorskip("onnx")
+    ort = pytest.importorskip("onnxruntime")
+    from hybridrank.export_cli import export
+
+    out = tmp_path / "scores.parquet"
+    result = export(export_cfg(trained, out, f"calibrator={cal}", "portable=true"))
+    frame, meta = read_scores(out)
+    test = trained["splits"].test
+    n = 300  # a batch size the models were not traced with
+    expected = frame["pctr"].to_numpy()[:n]
+    num, cat = test.num[:n], test.cat[:n]
+    ts = torch.jit.load(result["portable"]["torchscript"])
+    assert np.allclose(ts(num, cat).numpy(), expected, atol=1e-5)
+    names = {name for name, _ in ts.named_modules()}
+    assert not any("loss" in name or "metrics" in name for name in names)
+    sess = ort.InferenceSession(result["portable"]["onnx"])
+    got = sess.run(["pctr"], {"num": num.numpy(), "cat": cat.numpy()})[0]
+    assert np.allclose(got, expected, atol=1e-5)
+    ops = {node.op_type for node in onnx.load(result["portable"]["onnx"]).graph.node}
+    allowed = {"Gather", "Concat", "Gemm", "MatMul", "Add", "Relu", "Sub", "Mul", "Div",
+               "Sigmoid", "Slice", "Squeeze", "Unsqueeze", "Reshape", "Constant", "Shape",
+               "Cast", "Clip", "Min", "Max", "GreaterOrEqual", "ReduceSum", "Less", "Greater",
+               "Where", "Identity", "ConstantOfShape", "Equal", "Not", "And", "Flatten"}
+    assert ops <= allowed, ops - allowed
+    assert "Sigmoid" in ops or cal == "isotonic"
+    if cal == "isotonic":
+        assert isinstance(calibrator_from_dict(meta["calibrator"]), IsotonicCalibrator)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("mode", "reweighted", "applied"), [
+    ("auto", True, False), ("auto", False, True), ("always", True, True), ("never", False, False)])
+def test_downsampling_correction_in_export(trained, tmp_path, monkeypatch, mode, reweighted,
+                                           applied):
+    """A checkpoint that recorded keep rate w = 0.25: the correction shifts the logit by log w."""
+    import hybridrank.export_cli as cli
+
+    def fake_load(path):
+        module, config, schema = load_ranker(path)
+        module.hparams.neg_keep_rate = 0.25
+        module.loss_reweighted = reweighted
+        return module, config, schema
+
+    monkeypatch.setattr(cli, "load_ranker", fake_load)
+    out = tmp_path / "s.parquet"
+    cli.export(export_cfg(trained, out, "calibrator=none", f"correction={mode}"))
+    frame, meta = read_scores(out)
+    assert meta["correction"]["mode"] == mode and meta["neg_keep_rate"] == 0.25
+    assert meta["correction_applied"] is applied
+    z = frame["logit"].to_numpy().astype(np.float64)
+    p = 1 / (1 + np.exp(-z))
+    q = p / (p + (1 - p) / 0.25) if applied else p
+    assert np.allclose(frame["pctr"].to_numpy(), q, atol=1e-9)
+
+
+@pytest.mark.slow
+def test_evaluate_writes_report(trained, tmp_path):
+    pytest.importorskip("matplotlib")
+    from hybridrank.export_cli import evaluate
+
+    cfg = compose_cfg("eval", f"checkpoint={trained['ckpt']}", f"output_dir={tmp_path}",
+                      "calibrator=isotonic")
+    result = evaluate(cfg)
+    for key in ("json", "reliability", "pcoc_by_position"):
+        path = Path(result["files"][key])
+        assert path.exists() and path.stat().st_size > 0
+    s = result["summaries"]
+    assert {"before", "after", "oracle (true pCTR)"} <= set(s)
+    assert sum(s["after"]["reliability"]["count"]) == trained["splits"].test.n_impressions
+    assert s["before"]["pcoc_by_position"]["position"][0] == 1
+    assert (tmp_path / "reliability.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_metadata_is_strings():
+    meta = build_metadata(checkpoint_path="x.ckpt", checkpoint_sha256="ab", config={"a": 1},
+                          calibrator=TemperatureCalibrator(a=2.0, b=-1.0), neg_keep_rate=0.5,
+                          correction_applied=True)
+    assert all(isinstance(v, str) for v in meta.values())
+    assert meta["correction_applied"] == "true" and meta["neg_keep_rate"] == "0.5"
