@@ -1,0 +1,318 @@
+"""Calibration metrics on predicted click probabilities, and the fixed histograms behind streaming.
+
+Every function takes probabilities ``p`` and ``labels`` of one shape (flat ``[N]`` or padded
+``[G, L]``) and an optional boolean ``mask`` of that shape (True = a real impression, see the
+glossary in :mod:`hybridrank.lists`). Labels are binarised, ``y = label > 0`` (CONVENTIONS.md §2).
+All sums are taken in float64. NaN in ``p`` or ``labels`` raises ``ValueError`` naming the argument;
+so does ``p`` outside ``[0, 1]``.
+
+Binning (ECE and reliability tables), ``B`` bins over ``n`` impressions:
+
+- ``"uniform"``: bin ``min(floor(p * B), B - 1)``, so p = 0 is in bin 0 and p = 1 in bin ``B - 1``.
+- ``"quantile"`` (equal mass): sort p ascending; an impression whose p has ``r`` impressions with a
+  strictly smaller p goes to bin ``floor(r * B / n)``. Without ties this is ``B`` equal-count bins
+  (sizes differ by at most one); a block of tied p always shares one bin (the bin of its first
+  member), so the result never depends on storage order. p = 0 lands in bin 0; p = 1 lands in the
+  last non-empty bin (bin ``B - 1`` unless more than ``n / B`` impressions tie at p = 1, in which
+  case the bins between stay empty).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+from torch import Tensor
+
+__all__ = [
+    "EPS",
+    "log_loss",
+    "normalized_entropy",
+    "pcoc",
+    "pcoc_by_position",
+    "ece",
+    "reliability_table",
+    "bin_index",
+    "ReliabilityTable",
+    "PositionCalibration",
+]
+
+EPS = 1e-7
+"""Probabilities are clipped to ``[EPS, 1 - EPS]`` inside the log loss."""
+
+_BINNINGS = ("quantile", "uniform")
+
+
+class ReliabilityTable(NamedTuple):
+    """Per-bin calibration summary, each field ``[B]``; empty bins have count 0 and NaN means."""
+
+    count: Tensor
+    mean_p: Tensor
+    mean_y: Tensor
+
+
+class PositionCalibration(NamedTuple):
+    """PCOC per display position, each field ``[P]`` over the distinct positions present."""
+
+    position: Tensor
+    count: Tensor
+    sum_p: Tensor
+    positives: Tensor
+    pcoc: Tensor
+
+
+def _flat(p: Tensor, labels: Tensor, mask: Tensor | None, name: str = "p") -> tuple[Tensor, Tensor]:
+    """Validated float64 ``p`` and binary ``y``, both ``[n]``, over the real impressions."""
+    if p.shape != labels.shape:
+        raise ValueError(f"{name} and labels must have one shape, got {tuple(p.shape)} and "
+                         f"{tuple(labels.shape)}")
+    if mask is not None:
+        if mask.shape != p.shape or mask.dtype != torch.bool:
+            raise ValueError(f"mask must be a bool tensor of shape {tuple(p.shape)}")
+        p, labels = p[mask], labels[mask]
+    p = p.reshape(-1).double()
+    labels = labels.reshape(-1)
+    if bool(torch.isnan(p).any()):
+        raise ValueError(f"{name} contains NaN")
+    if bool(((p < 0) | (p > 1)).any()):
+        raise ValueError(f"{name} must lie in [0, 1]")
+    if labels.is_floating_point() and bool(torch.isnan(labels).any()):
+        raise ValueError("labels contains NaN")
+    return p, (labels > 0).double()
+
+
+def _check_binning(bins: int, binning: str) -> None:
+    if binning not in _BINNINGS:
+        raise ValueError(f"binning must be one of {_BINNINGS}, got {binning!r}")
+    if not isinstance(bins, int) or bins < 1:
+        raise ValueError(f"bins must be a positive int, got {bins!r}")
+
+
+def _bce_sum(p: Tensor, y: Tensor) -> Tensor:
+    """Summed binary cross-entropy of float64 probabilities clipped to ``[EPS, 1 - EPS]``."""
+    q = p.clamp(EPS, 1 - EPS)
+    return -(y * torch.log(q) + (1 - y) * torch.log1p(-q)).sum()
+
+
+def _binary_entropy(q: Tensor) -> Tensor:
+    return -(q * torch.log(q) + (1 - q) * torch.log1p(-q))
+
+
+def log_loss(p: Tensor, labels: Tensor, *, mask: Tensor | None = None) -> Tensor:
+    """Mean binary cross-entropy of predicted probabilities.
+
+    ``-(1/n) sum_i [y_i log q_i + (1 - y_i) log(1 - q_i)]`` with ``q = clip(p, 1e-7, 1 - 1e-7)``.
+
+    Args:
+        p: ``[N]`` or ``[G, L]`` probabilities in ``[0, 1]``.
+        labels: same shape; ``y = label > 0``.
+        mask: optional bool, same shape; only True entries count.
+
+    Returns:
+        float64 scalar.
+
+    >>> round(float(log_loss(torch.tensor([0.5, 0.5]), torch.tensor([1.0, 0.0]))), 6)
+    0.693147
+    """
+    p, y = _flat(p, labels, mask)
+    if p.numel() == 0:
+        raise ValueError("log_loss of zero impressions")
+    return _bce_sum(p, y) / p.numel()
+
+
+def normalized_entropy(p: Tensor, labels: Tensor, *, mask: Tensor | None = None) -> Tensor:
+    """Normalized entropy: log loss divided by the entropy of the base rate (He et al. 2014).
+
+    ``NE = log_loss / H(ybar)`` with ``H(q) = -q log q - (1 - q) log(1 - q)``, natural logs.
+    Below 1 means better than always predicting the base rate. Raises ``ValueError`` when the base
+    rate is 0 or 1 (H = 0).
+
+    Args:
+        p, labels, mask: as in :func:`log_loss`.
+
+    Returns:
+        float64 scalar.
+
+    >>> round(float(normalized_entropy(torch.tensor([0.5, 0.5]), torch.tensor([1.0, 0.0]))), 6)
+    1.0
+    """
+    p, y = _flat(p, labels, mask)
+    n = p.numel()
+    rate = y.sum() / max(n, 1)
+    if n == 0 or not 0 < float(rate) < 1:
+        raise ValueError("normalized_entropy undefined: labels have a single class")
+    return _bce_sum(p, y) / n / _binary_entropy(rate)
+
+
+def pcoc(p: Tensor, labels: Tensor, *, mask: Tensor | None = None) -> Tensor:
+    """Predicted CTR over observed CTR, ``sum(p) / sum(y)``; 1.0 is perfect.
+
+    Raises ``ValueError`` when there is no positive label (the ratio is undefined).
+
+    Args:
+        p, labels, mask: as in :func:`log_loss`.
+
+    Returns:
+        float64 scalar.
+
+    >>> round(float(pcoc(torch.tensor([0.2, 0.4, 0.6]), torch.tensor([0.0, 1.0, 0.0]))), 6)
+    1.2
+    """
+    p, y = _flat(p, labels, mask)
+    positives = y.sum()
+    if float(positives) == 0:
+        raise ValueError("pcoc undefined: no positive label")
+    return p.sum() / positives
+
+
+def pcoc_by_position(
+    p: Tensor, labels: Tensor, positions: Tensor, *, mask: Tensor | None = None
+) -> PositionCalibration:
+    """PCOC per display position (any integer slice id works the same way).
+
+    ``pcoc_j = sum_{i: pos_i = j} p_i / sum_{i: pos_i = j} y_i``. Positions without a positive
+    get ``+inf`` (flagged by ``positives == 0``) rather than raising: deep positions often have no
+    click.
+
+    Args:
+        p, labels, mask: as in :func:`log_loss`.
+        positions: integer tensor of the same shape as ``p``.
+
+    Returns:
+        :class:`PositionCalibration` over the sorted distinct positions.
+
+    >>> p, y = torch.tensor([.2, .3, .5]), torch.tensor([1., 0., 1.])
+    >>> r = pcoc_by_position(p, y, torch.tensor([1, 2, 1]))
+    >>> r.position.tolist(), [round(v, 6) for v in r.pcoc.tolist()]
+    ([1, 2], [0.35, inf])
+    """
+    if positions.shape != p.shape:
+        raise ValueError("positions must have the shape of p")
+    pos = positions[mask] if mask is not None else positions.reshape(-1)
+    p, y = _flat(p, labels, mask)
+    uniq, inv = torch.unique(pos, return_inverse=True)
+    m = uniq.numel()
+    count = torch.bincount(inv, minlength=m).double()
+    sum_p = torch.bincount(inv, weights=p, minlength=m)
+    positives = torch.bincount(inv, weights=y, minlength=m)
+    ratio = torch.where(positives > 0, sum_p / positives.clamp_min(1), torch.inf)
+    return PositionCalibration(uniq, count, sum_p, positives, ratio)
+
+
+def bin_index(p: Tensor, bins: int = 15, binning: str = "quantile") -> Tensor:
+    """``[n]`` int64 calibration bin of each probability of a flat ``[n]`` tensor (module rules)."""
+    _check_binning(bins, binning)
+    if binning == "uniform":
+        return (p * bins).floor().long().clamp_(0, bins - 1)
+    n = p.numel()
+    sp, order = torch.sort(p)
+    ar = torch.arange(n, device=p.device)
+    new = torch.ones(n, dtype=torch.bool, device=p.device)
+    new[1:] = sp[1:] != sp[:-1]
+    first = torch.where(new, ar, 0).cummax(0).values  # items with a strictly smaller p
+    out = torch.empty_like(order)
+    out[order] = first * bins // max(n, 1)
+    return out
+
+
+def _bin_sums(idx: Tensor, p: Tensor, y: Tensor, bins: int) -> tuple[Tensor, Tensor, Tensor]:
+    count = torch.bincount(idx, minlength=bins).double()
+    return count, torch.bincount(idx, p, minlength=bins), torch.bincount(idx, y, minlength=bins)
+
+
+def _ece_from_sums(sum_p: Tensor, sum_y: Tensor, n: Tensor) -> Tensor:
+    """``sum_b n_b/n |mean_p_b - mean_y_b| = (1/n) sum_b |sum_p_b - sum_y_b|``."""
+    return (sum_p - sum_y).abs().sum() / n
+
+
+def _table_from_sums(count: Tensor, sum_p: Tensor, sum_y: Tensor) -> ReliabilityTable:
+    safe = count.clamp_min(1)
+    nan = torch.full_like(count, float("nan"))
+    return ReliabilityTable(count, torch.where(count > 0, sum_p / safe, nan),
+                            torch.where(count > 0, sum_y / safe, nan))
+
+
+def ece(
+    p: Tensor, labels: Tensor, *, bins: int = 15, binning: str = "quantile",
+    mask: Tensor | None = None,
+) -> Tensor:
+    """Expected calibration error over ``bins`` bins.
+
+    ``ECE = sum_b (n_b / n) |mean_p_b - mean_y_b|``, bins as in the module docstring
+    (``"quantile"``: equal mass, the default; ``"uniform"``: equal width).
+
+    Args:
+        p, labels, mask: as in :func:`log_loss`.
+        bins: number of bins ``B``.
+        binning: ``"quantile"`` or ``"uniform"``.
+
+    Returns:
+        float64 scalar.
+
+    >>> p, y = torch.tensor([0.1, 0.3, 0.6, 0.8]), torch.tensor([0., 0., 1., 1.])
+    >>> round(float(ece(p, y, bins=2)), 6)   # (|0.4 - 0| + |1.4 - 2|) / 4
+    0.25
+    """
+    _check_binning(bins, binning)
+    p, y = _flat(p, labels, mask)
+    if p.numel() == 0:
+        raise ValueError("ece of zero impressions")
+    _, sum_p, sum_y = _bin_sums(bin_index(p, bins, binning), p, y, bins)
+    return _ece_from_sums(sum_p, sum_y, torch.tensor(p.numel(), dtype=torch.float64))
+
+
+def reliability_table(
+    p: Tensor, labels: Tensor, bins: int = 15, binning: str = "quantile", *,
+    mask: Tensor | None = None,
+) -> ReliabilityTable:
+    """Reliability diagram data: per bin the count, mean predicted p and observed rate.
+
+    Args:
+        p, labels, mask: as in :func:`log_loss`.
+        bins, binning: as in :func:`ece`.
+
+    Returns:
+        :class:`ReliabilityTable` with ``[B]`` fields; ``ece`` equals
+        ``sum(count * |mean_p - mean_y|) / sum(count)`` over the non-empty bins.
+    """
+    _check_binning(bins, binning)
+    p, y = _flat(p, labels, mask)
+    return _table_from_sums(*_bin_sums(bin_index(p, bins, binning), p, y, bins))
+
+
+# --- fixed fine histograms in logit space (the streaming metrics' sum states) -------------------
+
+
+def logit_hist_index(logits: Tensor, n_bins: int, logit_range: float) -> Tensor:
+    """Fine bin of each logit: ``n_bins`` equal-width bins over ``[-R, R]``, outside clipped in."""
+    x = logits.double().clamp(-logit_range, logit_range)
+    return ((x + logit_range) * (n_bins / (2 * logit_range))).floor().long().clamp_(0, n_bins - 1)
+
+
+def auc_from_hist(pos: Tensor, neg: Tensor) -> tuple[Tensor, Tensor]:
+    """AUC from per-fine-bin positive / negative counts, pairs inside one bin counted 1/2.
+
+    Returns ``(auc, bound)`` where ``bound = 0.5 * sum_h pos_h neg_h / (P N)`` bounds
+    ``|auc - exact AUC|`` (only pairs sharing a fine bin can be mis-ordered).
+    """
+    below = neg.cumsum(0) - neg
+    pairs = pos.sum() * neg.sum()
+    return (pos * (below + 0.5 * neg)).sum() / pairs, 0.5 * (pos * neg).sum() / pairs
+
+
+def quantile_sums_from_hist(
+    count: Tensor, sum_p: Tensor, sum_y: Tensor, bins: int
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Quantile-bin sums from fine-bin sums: fine bin h goes to ``floor(before_h * B / n)``.
+
+    ``before_h`` is the count in fine bins below h: the quantile rule of the module docstring
+    applied with each fine bin treated as one tied block. It equals the exact rule whenever no
+    fine bin holds two distinct p; otherwise ECE moves by at most ``2 m / n``, with ``m`` the
+    impressions in fine bins that straddle a quantile boundary.
+    """
+    c = count.round().long()
+    n = int(c.sum())
+    target = ((c.cumsum(0) - c) * bins // max(n, 1)).clamp_(max=bins - 1)  # empty tail bins
+    out = [torch.zeros(bins, dtype=torch.float64, device=count.device).index_add_(0, target, s)
+           for s in (count, sum_p, sum_y)]
+    return out[0], out[1], out[2]
