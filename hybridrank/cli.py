@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -60,12 +61,18 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     t0 = time.perf_counter()
     out_dir = Path(cfg.paths.output_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
+    ckpt_path = resume_checkpoint(cfg, out_dir)
+    if ckpt_path is None:
+        # the config that `hybridrank-resume RUN_DIR` reads back (interpolations kept)
+        OmegaConf.save(cfg, out_dir / RESUME_CONFIG, resolve=False)
     pl.seed_everything(int(cfg.seed), workers=True, verbose=False)
     splits, datamodule, module = build(cfg)
     callbacks = [hydra.utils.instantiate(c) for c in (cfg.get("callbacks") or {}).values()]
     logger = hydra.utils.instantiate(cfg.logger) if cfg.get("logger") else False
     trainer: pl.Trainer = hydra.utils.instantiate(cfg.trainer, callbacks=callbacks, logger=logger)
-    trainer.fit(module, datamodule=datamodule)
+    if ckpt_path is not None:
+        log.info("resuming from %s", ckpt_path)
+    trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path)
 
     ckpt = trainer.checkpoint_callback
     best = ckpt.best_model_path if ckpt is not None and ckpt.best_model_path else None
@@ -83,6 +90,22 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         (out_dir / "metrics.json").write_text(json.dumps(result, indent=2))
         OmegaConf.save(cfg, out_dir / "config_resolved.yaml", resolve=True)
     return result
+
+
+RESUME_CONFIG = "resume_config.yaml"
+
+
+def resume_checkpoint(cfg: DictConfig, out_dir: Path) -> str | None:
+    """The checkpoint to resume from: ``resume=auto`` takes ``checkpoints/last.ckpt`` if present."""
+    resume = cfg.get("resume")
+    if not resume:
+        return None
+    if resume == "auto":
+        last = out_dir / "checkpoints" / "last.ckpt"
+        return str(last) if last.exists() else None
+    if not Path(resume).is_file():
+        raise FileNotFoundError(f"resume={resume}: no such checkpoint file")
+    return str(resume)
 
 
 def reference_rows(test, metric_kwargs: dict) -> dict[str, dict[str, float]]:
@@ -124,4 +147,21 @@ def _hydra_main(cfg: DictConfig) -> float | None:
 
 def train_main() -> None:
     """Console script ``hybridrank-train``."""
+    _hydra_main()
+
+
+def resume_main(argv: list[str] | None = None) -> None:
+    """Console script ``hybridrank-resume RUN_DIR [overrides...]``: finish an interrupted run.
+
+    Reads the run's own config back from ``RUN_DIR/resume_config.yaml``, writes into the same
+    folder and continues from ``RUN_DIR/checkpoints/last.ckpt`` (mid-epoch checkpoints included).
+    """
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args or args[0].startswith("-"):
+        raise SystemExit("usage: hybridrank-resume RUN_DIR [hydra overrides...]")
+    run_dir = Path(args[0]).resolve()
+    if not (run_dir / RESUME_CONFIG).is_file():
+        raise SystemExit(f"{run_dir} holds no {RESUME_CONFIG}: not a hybridrank-train output folder")
+    sys.argv = [sys.argv[0], "--config-dir", str(run_dir), "--config-name", RESUME_CONFIG[:-5],
+                f"hydra.run.dir={run_dir}", "resume=auto", *args[1:]]
     _hydra_main()

@@ -2,13 +2,49 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import pytorch_lightning as pl
 from torch.utils.data import DataLoader
 
 from .lists import ListData
 from .sampler import GroupBatchSampler, ListDataset
 
-__all__ = ["ListDataModule"]
+__all__ = ["ListDataModule", "ResumableLoader"]
+
+
+class ResumableLoader(DataLoader):
+    """A DataLoader over a :class:`GroupBatchSampler` that resumes in the middle of an epoch.
+
+    Lightning stores ``state_dict()`` in every checkpoint (the loader is "stateful") and hands it
+    back through ``load_state_dict`` on resume; the sampler then skips the batches the interrupted
+    run had already trained on. The epoch's batches themselves are a function of ``(seed, epoch)``,
+    so the resumed run sees exactly the batches the uninterrupted run would have seen.
+
+    Args:
+        dataset: the :class:`ListDataset` turning request indices into batches.
+        sampler: the group-aware sampler of this epoch.
+        progress: returns how many batches of the current epoch have been trained on.
+    """
+
+    def __init__(self, dataset: ListDataset, sampler: GroupBatchSampler,
+                 progress: Callable[[], int] | None = None, num_workers: int = 0):
+        super().__init__(dataset, sampler=sampler, batch_size=None, collate_fn=_identity,
+                         num_workers=num_workers)
+        self._progress = progress
+
+    def state_dict(self) -> dict[str, Any]:
+        done = self._progress() if self._progress is not None else 0
+        return {"epoch": self.sampler.epoch, "seed": self.sampler.seed, "batches_done": int(done),
+                "n_batches": len(self.sampler)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state.get("seed", self.sampler.seed) != self.sampler.seed:
+            raise ValueError(f"the checkpoint's sampler seed {state['seed']} differs from the "
+                             f"configured seed {self.sampler.seed}: the resumed epoch would differ")
+        if state.get("epoch") == self.sampler.epoch and state.get("batches_done", 0) < len(self.sampler):
+            self.sampler.start = int(state["batches_done"])
 
 
 class ListDataModule(pl.LightningDataModule):
@@ -66,14 +102,20 @@ class ListDataModule(pl.LightningDataModule):
 
     def _loader(self, data: ListData, sampler: GroupBatchSampler, dataset: ListDataset) -> DataLoader:
         return DataLoader(dataset, sampler=sampler, batch_size=None, collate_fn=_identity,
-                          num_workers=self.num_workers,
-                          persistent_workers=False)
+                          num_workers=self.num_workers)
 
     def train_dataloader(self) -> DataLoader:
         epoch = self.trainer.current_epoch if self.trainer is not None else 0
         ds = ListDataset(self.splits.train, scope=self.scope, window=self.window,
                          max_unit_size=self.max_unit_size, seed=self.seed)
-        return self._loader(self.splits.train, self.train_sampler(epoch), ds)
+        return ResumableLoader(ds, self.train_sampler(epoch), progress=self._batches_done,
+                               num_workers=self.num_workers)
+
+    def _batches_done(self) -> int:
+        """Batches of the current epoch already trained on (read when a checkpoint is saved)."""
+        if self.trainer is None:
+            return 0
+        return self.trainer.fit_loop.epoch_loop.batch_progress.current.processed
 
     def eval_dataloader(self, data: ListData) -> DataLoader:
         world, rank = self._world()

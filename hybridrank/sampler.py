@@ -103,6 +103,7 @@ class GroupBatchSampler:
         self.shuffle, self.seed = shuffle, int(seed)
         self.num_replicas, self.rank = int(num_replicas), int(rank)
         self.epoch = 0
+        self.start = 0  # batches of the current epoch to skip once (mid-epoch resume)
         units = unit_ids(data, scope, window)
         self.order = np.argsort(units, kind="stable")          # requests grouped by unit
         sizes = np.bincount(units, weights=data.lengths.numpy(), minlength=units.max() + 1 if units.size else 0)
@@ -198,7 +199,8 @@ class GroupBatchSampler:
         return self.order[idx + np.arange(int(counts.sum()))]
 
     def __iter__(self) -> Iterator[np.ndarray]:
-        yield from self.plan().batches
+        start, self.start = self.start, 0
+        yield from self.plan().batches[start:]
 
     def __len__(self) -> int:
         return len(self.plan().batches)
@@ -304,6 +306,7 @@ def _cap_units(unit_of_row: torch.Tensor, label: torch.Tensor, cap: int,
     neg_rank = rank_in_unit - n_pos[unit_of_row]
     keep = ~neg | (neg_rank < neg_budget[unit_of_row])
     kept_neg = torch.minimum(neg_budget, n_neg)
-    rate = torch.where(n_neg > 0, kept_neg.double() / n_neg.clamp(min=1).double(), torch.ones(n_units, dtype=torch.float64))
+    rate = torch.where(n_neg > 0, kept_neg.double() / n_neg.clamp(min=1).double(),
+                       torch.ones(n_units, dtype=torch.float64))
     w = torch.where(neg, 1.0 / rate[unit_of_row].clamp(min=1e-12), torch.ones_like(rate[unit_of_row]))
     return keep, w.float()
