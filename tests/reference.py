@@ -1,0 +1,268 @@
+"""Brute-force references for every loss: plain Python loops over lists, items and pairs.
+
+Written from the formulas in CONVENTIONS.md §3 and the papers, independently of
+``hybridrank.losses`` (no shared helper), in float64 Python arithmetic. Each ``ref_*`` function
+takes nested lists (or tensors, converted) ``logits [G][L]``, ``labels [G][L]``, ``mask [G][L]``,
+optional ``weights [G][L]`` and returns ``(per_list, counted)``: the loss of every list and
+whether that list enters the mean. :func:`reduce` applies the reduction contract.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+def _rows(logits, labels, mask, weights=None):
+    """Yield per list the real items as lists: scores, labels, weights."""
+    to = (lambda t: t.tolist()) if isinstance(logits, torch.Tensor) else (lambda t: t)
+    logits, labels, mask = to(logits), to(labels), to(mask)
+    weights = to(weights) if weights is not None else None
+    for g in range(len(labels)):
+        idx = [i for i in range(len(labels[g])) if mask[g][i]]
+        s = [logits[g][i] for i in idx]
+        y = [float(labels[g][i]) for i in idx]
+        w = [float(weights[g][i]) for i in idx] if weights is not None else [1.0] * len(idx)
+        yield s, y, w
+
+
+def reduce(per_list, counted, reduction="mean", denom=None):
+    """The contract: uncounted lists give 0, mean over counted lists (or over ``denom``)."""
+    vals = [v if c else 0.0 for v, c in zip(per_list, counted)]
+    if reduction == "none":
+        return vals
+    total = sum(vals)
+    if reduction == "sum":
+        return total
+    n = sum(1 for c in counted if c) if denom is None else denom
+    return total / n if n > 0 else 0.0
+
+
+def _lse(xs):
+    m = max(xs)
+    return m + math.log(sum(math.exp(x - m) for x in xs))
+
+
+def _sig(x):
+    return 1.0 / (1.0 + math.exp(-x)) if x >= 0 else math.exp(x) / (1.0 + math.exp(x))
+
+
+def _softplus(x):
+    return max(x, 0.0) + math.log1p(math.exp(-abs(x)))
+
+
+def _learnable(y):
+    return len(y) >= 2 and max(y) > min(y)
+
+
+def _gain(y, gain="exp"):
+    return 2.0**y - 1.0 if gain == "exp" else y
+
+
+def _disc(r):
+    return 1.0 / math.log2(1.0 + r)
+
+
+def _idcg(y, gain="exp", k=None):
+    top = sorted((_gain(v, gain) for v in y), reverse=True)
+    return sum(g * _disc(r + 1) for r, g in enumerate(top) if k is None or r < k)
+
+
+# --- pointwise -------------------------------------------------------------------------------
+
+
+def ref_bce(logits, labels, mask, weights=None, target="binary", label_max=1.0):
+    """Per-list sums of ``-t log σ(s) - (1 - t) log(1 - σ(s))``; returns (per_list, counted, Σw)."""
+    per, counted, wsum = [], [], 0.0
+    for s, y, w in _rows(logits, labels, mask, weights):
+        tot = 0.0
+        for si, yi, wi in zip(s, y, w):
+            t = (1.0 if yi > 0 else 0.0) if target == "binary" else yi / label_max
+            tot += wi * (t * _softplus(-si) + (1 - t) * _softplus(si))
+            wsum += wi
+        per.append(tot)
+        counted.append(len(s) > 0)
+    return per, counted, wsum
+
+
+# --- pairwise --------------------------------------------------------------------------------
+
+
+def _avg_rank(s, i):
+    above = sum(1 for j in range(len(s)) if s[j] > s[i])
+    tied = sum(1 for j in range(len(s)) if j != i and s[j] == s[i])
+    return 1.0 + above + tied / 2.0
+
+
+def _lambda(scheme, s, y, i, j, mu=10.0, gain="exp"):
+    if scheme is None:
+        return 1.0
+    gi, gj = _gain(y[i], gain), _gain(y[j], gain)
+    if scheme == "gain":
+        return abs(gi - gj)
+    idcg = _idcg(y, gain)
+    dg = abs(gi - gj) / idcg
+    ri, rj = _avg_rank(s, i), _avg_rank(s, j)
+    rho = dg * abs(_disc(ri) - _disc(rj))
+    gap = max(abs(ri - rj), 1.0)
+    delta = dg * abs(_disc(gap) - _disc(gap + 1.0))
+    return {"ndcg": rho, "ndcg2": delta, "ndcg2pp": rho + mu * delta}[scheme]
+
+
+def ref_pairwise(kernel, logits, labels, mask, weights=None, scheme=None, mu=10.0):
+    """Weighted mean of ``λ_ij kernel(s_i - s_j)`` over the pairs ``y_i > y_j`` of each list."""
+    per, counted = [], []
+    for s, y, w in _rows(logits, labels, mask, weights):
+        num = den = 0.0
+        n_pairs = 0
+        for i in range(len(s)):
+            for j in range(len(s)):
+                if y[i] > y[j]:
+                    n_pairs += 1
+                    num += w[i] * w[j] * _lambda(scheme, s, y, i, j, mu) * kernel(s[i] - s[j])
+                    den += w[i] * w[j]
+        per.append(num / den if den > 0 else 0.0)
+        counted.append(n_pairs > 0)
+    return per, counted
+
+
+def ref_ranknet(logits, labels, mask, weights=None, scheme=None):
+    return ref_pairwise(lambda d: _softplus(-d), logits, labels, mask, weights, scheme)
+
+
+def ref_hinge(logits, labels, mask, weights=None, margin=1.0):
+    return ref_pairwise(lambda d: max(0.0, margin - d), logits, labels, mask, weights)
+
+
+def ref_lambdaloss(logits, labels, mask, weights=None, scheme="ndcg2pp", mu=10.0):
+    kernel = lambda d: _softplus(-d) / math.log(2.0)  # noqa: E731 - one-line kernel
+    return ref_pairwise(kernel, logits, labels, mask, weights, scheme, mu)
+
+
+# --- listwise --------------------------------------------------------------------------------
+
+
+def ref_softmax(logits, labels, mask, weights=None):
+    per, counted = [], []
+    for s, y, w in _rows(logits, labels, mask, weights):
+        t = [wi * yi for wi, yi in zip(w, y)]
+        if not _learnable(y) or sum(t) <= 0:
+            per.append(0.0)
+            counted.append(False)
+            continue
+        lse = _lse(s)
+        per.append(-sum(ti * (si - lse) for ti, si in zip(t, s)) / sum(t))
+        counted.append(True)
+    return per, counted
+
+
+def ref_listmle(logits, labels, mask, weights=None, position_aware=False):
+    """Plackett–Luce NLL of the label order; labels must be distinct within a list (no ties)."""
+    per, counted = [], []
+    for s, y, w in _rows(logits, labels, mask, weights):
+        assert len(set(y)) == len(y), "reference ListMLE needs distinct labels"
+        order = sorted(range(len(s)), key=lambda i: -y[i])
+        n = len(order)
+        raw = [2.0 ** (n - k + 1) - 1.0 for k in range(1, n + 1)]
+        tot = 0.0
+        for k, i in enumerate(order):
+            term = _lse([s[j] for j in order[k:]]) - s[i]
+            a = raw[k] / sum(raw) if position_aware else 1.0
+            tot += a * w[i] * term
+        per.append(tot if _learnable(y) else 0.0)
+        counted.append(_learnable(y))
+    return per, counted
+
+
+def ref_approx_ndcg(logits, labels, mask, weights=None, temperature=0.1):
+    per, counted = [], []
+    for s, y, w in _rows(logits, labels, mask, weights):
+        if not _learnable(y):
+            per.append(0.0)
+            counted.append(False)
+            continue
+        dcg = 0.0
+        for i in range(len(s)):
+            rank = 1.0 + sum(_sig((s[j] - s[i]) / temperature) for j in range(len(s)) if j != i)
+            dcg += w[i] * _gain(y[i]) * _disc(rank)
+        per.append(1.0 - dcg / _idcg(y))
+        counted.append(True)
+    return per, counted
+
+
+def ref_neural_ndcg(logits, labels, mask, weights=None, temperature=1.0, iters=30, k=None):
+    per, counted = [], []
+    for s, y, w in _rows(logits, labels, mask, weights):
+        n = len(s)
+        if not _learnable(y):
+            per.append(0.0)
+            counted.append(False)
+            continue
+        a = [sum(abs(s[i] - s[j]) for j in range(n)) for i in range(n)]
+        p = []
+        for r in range(1, n + 1):
+            row = [((n + 1 - 2 * r) * s[i] - a[i]) / temperature for i in range(n)]
+            lse = _lse(row)
+            p.append([math.exp(v - lse) for v in row])
+        for _ in range(iters):
+            cols = [sum(p[r][i] for r in range(n)) for i in range(n)]
+            p = [[p[r][i] / cols[i] for i in range(n)] for r in range(n)]
+            p = [[v / sum(row) for v in row] for row in p]
+        dcg = 0.0
+        for r in range(n):
+            if k is None or r < k:
+                dcg += sum(p[r][i] * w[i] * _gain(y[i]) for i in range(n)) * _disc(r + 1)
+        per.append(1.0 - dcg / _idcg(y, k=k))
+        counted.append(True)
+    return per, counted
+
+
+# --- calibration-compatible ------------------------------------------------------------------
+
+
+def ref_calibrated_softmax(logits, labels, mask, weights=None, y0=1.0, s0=0.0):
+    per, counted = [], []
+    for s, y, w in _rows(logits, labels, mask, weights):
+        t = [wi * yi for wi, yi in zip(w, y)]
+        mass = sum(t) + y0
+        if not s or mass <= 0:
+            per.append(0.0)
+            counted.append(False)
+            continue
+        lse = _lse([s0] + s)
+        per.append(-y0 * (s0 - lse) - sum(ti * (si - lse) for ti, si in zip(t, s)))
+        counted.append(True)
+    return per, counted
+
+
+def ref_rcr(logits, labels, mask, weights=None):
+    per, counted = [], []
+    for s, y, w in _rows(logits, labels, mask, weights):
+        t = [wi * yi for wi, yi in zip(w, y)]
+        if not _learnable(y) or sum(t) <= 0:
+            per.append(0.0)
+            counted.append(False)
+            continue
+        total_sig = sum(_sig(v) for v in s)
+        per.append(-sum(ti * math.log(_sig(si) / total_sig) for ti, si in zip(t, s)) / sum(t))
+        counted.append(True)
+    return per, counted
+
+
+def ref_jrc(logits, labels, mask, weights=None, opposite_only=False):
+    """``logits [G][L][2]``; per list the weighted mean of ``L_gen_i``."""
+    per, counted = [], []
+    for z, y, w in _rows(logits, labels, mask, weights):
+        c = [1 if v > 0 else 0 for v in y]
+        if not (0 < sum(c) < len(c)):
+            per.append(0.0)
+            counted.append(False)
+            continue
+        tot = 0.0
+        for i in range(len(z)):
+            pool = [j for j in range(len(z)) if j == i or not opposite_only or c[j] != c[i]]
+            tot += w[i] * (_lse([z[j][c[i]] for j in pool]) - z[i][c[i]])
+        per.append(tot / sum(w) if sum(w) > 0 else 0.0)
+        counted.append(True)
+    return per, counted
