@@ -3,22 +3,18 @@
 A PyTorch Lightning module whose loss is a weighted pointwise BCE plus pairwise / listwise ranking
 terms (including the calibration-compatible ones: calibrated softmax, RCR, JRC), trained on batches
 of whole impression lists from a group-aware sampler, reporting NDCG and calibration.
-See ``docs/ARCHITECTURE.md`` for how the parts fit.
+See ``docs/ARCHITECTURE.md`` for how the parts fit. Submodules hold the full APIs
+(``hybridrank.losses``, ``hybridrank.metrics``, ``hybridrank.calibration``, ``hybridrank.export``);
+the names most users need are re-exported here.
 """
 
-from .data import (
-    ClickLogSource,
-    ColumnMap,
-    LetorSource,
-    Schema,
-    SimulatedSource,
-    Splits,
-    read_clicklog,
-    read_libsvm,
-)
+from .calibration import IdentityCalibrator, IsotonicCalibrator, TemperatureCalibrator, downsampling_correction
+from .data import ClickLogSource, ColumnMap, LetorSource, Schema, SimulatedSource, Splits, read_clicklog, read_libsvm
+from .datamodule import ListDataModule
+from .export import export_onnx, export_torchscript, load_ranker, read_scores
 from .lists import Batch, ListData
-from .losses import HybridLoss, click_logit
-from .metrics import ListMetrics
+from .losses import LOSSES, HybridLoss, click_logit
+from .metrics import ListMetrics, auc, ece, gauc, log_loss, mean_average_precision, mrr, ndcg, pcoc
 from .module import HybridRanker, evaluate_logits, predict_logits
 from .nets import LinearScorer, MLPScorer
 from .sampler import GroupBatchSampler, ListDataset, collate, unit_ids
@@ -27,8 +23,10 @@ from .simulate import simulate_clicklog
 __version__ = "0.1.0"
 
 __all__ = [
-    "Batch", "ClickLogSource", "ColumnMap", "GroupBatchSampler", "HybridLoss", "HybridRanker",
-    "LetorSource", "LinearScorer", "ListData", "ListDataset", "ListMetrics", "MLPScorer", "Schema",
-    "SimulatedSource", "Splits", "click_logit", "collate", "evaluate_logits", "predict_logits",
-    "read_clicklog", "read_libsvm", "simulate_clicklog", "unit_ids",
+    "LOSSES", "Batch", "ClickLogSource", "ColumnMap", "GroupBatchSampler", "HybridLoss", "HybridRanker",
+    "IdentityCalibrator", "IsotonicCalibrator", "LetorSource", "LinearScorer", "ListData", "ListDataModule",
+    "ListDataset", "ListMetrics", "MLPScorer", "Schema", "SimulatedSource", "Splits", "TemperatureCalibrator",
+    "auc", "click_logit", "collate", "downsampling_correction", "ece", "evaluate_logits", "export_onnx",
+    "export_torchscript", "gauc", "load_ranker", "log_loss", "mean_average_precision", "mrr", "ndcg", "pcoc",
+    "predict_logits", "read_clicklog", "read_libsvm", "read_scores", "simulate_clicklog", "unit_ids",
 ]

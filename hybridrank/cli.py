@@ -165,3 +165,7 @@ def resume_main(argv: list[str] | None = None) -> None:
     sys.argv = [sys.argv[0], "--config-dir", str(run_dir), "--config-name", RESUME_CONFIG[:-5],
                 f"hydra.run.dir={run_dir}", "resume=auto", *args[1:]]
     _hydra_main()
+
+
+if __name__ == "__main__":  # `python -m hybridrank.cli ...` (e.g. under torchrun)
+    train_main()

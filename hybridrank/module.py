@@ -126,9 +126,6 @@ class HybridRanker(pl.LightningModule):
         sched = self.scheduler_factory(opt)
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "monitor": self.monitor}}
 
-    def transfer_batch_to_device(self, batch: Batch, device: torch.device, dataloader_idx: int) -> Batch:
-        return batch.to(device)
-
 
 @torch.no_grad()
 def predict_logits(scorer: nn.Module, data, *, chunk: int = 65536) -> torch.Tensor:
