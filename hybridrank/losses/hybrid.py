@@ -209,7 +209,7 @@ class HybridLoss(nn.Module):
         if logits.dim() == 3 and logits.shape[-1] == 1:
             logits = logits.squeeze(-1)
         self._check(logits, labels, mask, weights)
-        logit = click_logit(logits, n_outputs=self.n_outputs)
+        logit = logits if self.n_outputs == 1 else click_logit(logits, n_outputs=2)
         point = bce_loss(logit, labels, mask=mask, weights=weights, target=self.point_target,
                          label_max=self.label_max)
         total = self.point_weight * point if self.point_weight else torch.zeros_like(point)
