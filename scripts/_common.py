@@ -1,0 +1,218 @@
+"""Helpers shared by the benchmark scripts (not part of the installed package).
+
+- where the real data lives and how the MQ2008 folds are built from the parts S1..S5;
+- composing a hydra config in-process and training a hybridrank model on it;
+- scoring any model's flat logits with :func:`hybridrank.module.evaluate_logits` under several
+  metric conventions, so LightGBM and hybridrank rows share one code path;
+- mean ± std formatting and rewriting one marked section of ``docs/BENCHMARKS.md``.
+
+The scripts run as ``python scripts/<name>.py`` from the repository root; they import this module
+as ``_common`` (Python puts the script's folder on ``sys.path``).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import platform
+import re
+import statistics
+import tempfile
+import warnings
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = ROOT / "docs" / "BENCHMARKS.md"
+RESULTS = ROOT / "results"
+
+
+def data_root() -> Path:
+    """The shared data folder: ``$HYBRIDRANK_REAL_DATA``, else ``../shared/data`` next to the repo."""
+    env = os.environ.get("HYBRIDRANK_REAL_DATA")
+    root = Path(env) if env else ROOT.parent / "shared" / "data"
+    if not (root / "letor" / "MQ2008").is_dir():
+        raise SystemExit(f"MQ2008 not found under {root}/letor/MQ2008; set HYBRIDRANK_REAL_DATA "
+                         "to the shared data folder")
+    # the hydra data configs read the same variable
+    os.environ["HYBRIDRANK_REAL_DATA"] = str(root)
+    return root
+
+
+def mq2008_fold(k: int) -> tuple[list[str], str, str]:
+    """Fold ``k`` (1..5) of MQ2008 as (train parts, val part, test part).
+
+    Fold k trains on the three parts after k - 1 (cyclically), validates on the next one and tests
+    on the last: Fold1 = (S1, S2, S3 | S4 | S5), Fold2 = (S2, S3, S4 | S5 | S1), ...
+    """
+    if not 1 <= k <= 5:
+        raise ValueError(f"MQ2008 has folds 1..5, got {k}")
+    d = data_root() / "letor" / "MQ2008"
+    parts = [str(d / f"S{(k - 1 + i) % 5 + 1}.txt") for i in range(5)]
+    return parts[:3], parts[3], parts[4]
+
+
+def fold_overrides(k: int) -> list[str]:
+    """Hydra overrides that point ``data=letor_mq2008`` at fold ``k``'s parts."""
+    train, val, test = mq2008_fold(k)
+    return ["data=letor_mq2008", f"data.source.train=[{','.join(train)}]",
+            f"data.source.val={val}", f"data.source.test={test}"]
+
+
+def parse_folds(text: str) -> list[int]:
+    """``"1-5"``, ``"1,3"``, ``"2"`` -> a sorted list of fold numbers."""
+    out: set[int] = set()
+    for piece in text.split(","):
+        piece = piece.strip()
+        if "-" in piece:
+            a, b = piece.split("-", 1)
+            out.update(range(int(a), int(b) + 1))
+        elif piece:
+            out.add(int(piece))
+    bad = sorted(f for f in out if not 1 <= f <= 5)
+    if bad or not out:
+        raise SystemExit(f"--folds: folds are 1..5, got {text!r}")
+    return sorted(out)
+
+
+def quiet() -> None:
+    """Silence Lightning's per-run chatter (the scripts print their own progress)."""
+    import pytorch_lightning  # noqa: F401  (it sets its loggers' levels on import: import first)
+
+    for name in ("pytorch_lightning", "lightning", "lightning.pytorch", "lightning_fabric",
+                 "hybridrank"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+    warnings.filterwarnings("ignore")
+
+
+def compose_config(overrides: Sequence[str]):
+    """The project config with ``overrides``, composed in-process (as the tests do)."""
+    from hydra import compose, initialize_config_dir
+
+    from hybridrank.cli import CONF_DIR
+
+    with initialize_config_dir(CONF_DIR, version_base="1.3"):
+        return compose("config", overrides=list(overrides))
+
+
+def train_hybrid(overrides: Sequence[str], *, keep_dir: str | Path | None = None
+                 ) -> tuple[dict[str, Any], Any, torch.Tensor, torch.Tensor]:
+    """Train one hybridrank model; return (result, splits, val logits, test logits).
+
+    ``result`` is the dict of :func:`hybridrank.cli.train`. The logits are the best checkpoint's
+    pCTR logits on the val and test splits in storage order, for scoring with
+    :func:`evaluate` under any convention. Runs write into a temporary folder unless ``keep_dir``.
+    """
+    from hybridrank.cli import build, train
+    from hybridrank.module import predict_logits
+
+    with tempfile.TemporaryDirectory(prefix="hybridrank-bench-") as tmp:
+        out = Path(keep_dir) if keep_dir is not None else Path(tmp)
+        cfg = compose_config([f"paths.output_dir={out}", "trainer.enable_progress_bar=false",
+                              "~logger", *overrides])
+        result = train(cfg)
+        splits, _, module = build(cfg)  # same data, same architecture; weights from the checkpoint
+        best = result.get("best_checkpoint")
+        if best:
+            state = torch.load(best, map_location="cpu", weights_only=False)["state_dict"]
+            module.load_state_dict(state)
+        else:  # no checkpoint callback: nothing better than a warning and the untrained weights
+            raise RuntimeError("train() kept no checkpoint; the benchmark needs callbacks=default")
+        z_val = predict_logits(module.scorer, splits.val)
+        z_test = predict_logits(module.scorer, splits.test)
+    return result, splits, z_val, z_test
+
+
+#: The metric conventions the LETOR tables report (CONVENTIONS.md §2).
+BASE_METRICS = dict(ks=(1, 3, 5, 10), gain="exp", ties="average", bins=15, binning="quantile")
+
+
+def evaluate(data, logits: torch.Tensor, empties: Iterable[str] = ("skip", "zero")
+             ) -> dict[str, dict[str, float]]:
+    """``{empty: metrics}`` of flat ``[N]`` logits on a split, one entry per empty-list policy."""
+    from hybridrank.module import evaluate_logits
+
+    return {e: evaluate_logits(data, logits, empty=e, **BASE_METRICS) for e in empties}
+
+
+def mean_std(values: Sequence[float]) -> tuple[float, float]:
+    """Mean and sample standard deviation (0 for a single value); NaNs are ignored."""
+    vals = [v for v in values if v is not None and not math.isnan(v)]
+    if not vals:
+        return math.nan, math.nan
+    return statistics.fmean(vals), (statistics.stdev(vals) if len(vals) > 1 else 0.0)
+
+
+def fmt_ms(values: Sequence[float], digits: int = 3) -> str:
+    m, s = mean_std(values)
+    if math.isnan(m):
+        return "n/a"
+    return f"{m:.{digits}f} ± {s:.{digits}f}" if len(values) > 1 else f"{m:.{digits}f}"
+
+
+def markdown_table(header: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def machine() -> str:
+    """One line naming the machine: CPU model, core count, torch threads, Python."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return (f"{cpu}, {os.cpu_count()} CPU(s) visible, torch {torch.__version__} with "
+            f"{torch.get_num_threads()} thread(s), Python {platform.python_version()}")
+
+
+def write_section(name: str, body: str, path: Path = DOCS) -> None:
+    """Replace the text between ``<!-- BEGIN name -->`` and ``<!-- END name -->`` in ``path``.
+
+    A missing section is appended at the end (under a ``## name`` heading); the rest of the file
+    is left as it is, so hand-written prose around the generated tables survives reruns.
+    """
+    begin, end = f"<!-- BEGIN {name} -->", f"<!-- END {name} -->"
+    block = f"{begin}\n{body.strip()}\n{end}"
+    text = path.read_text() if path.exists() else "# Benchmarks\n"
+    pattern = re.compile(re.escape(begin) + r".*?" + re.escape(end), re.S)
+    if pattern.search(text):
+        text = pattern.sub(lambda _: block, text)
+    else:
+        text = text.rstrip() + f"\n\n## {name}\n\n{block}\n"
+    path.write_text(text)
+
+
+def lightgbm_or_none():
+    """``lightgbm`` if installed, else None after a clear message on how to get it."""
+    try:
+        import lightgbm
+    except ImportError:
+        print("note: LightGBM is not installed, its rows are skipped. Install the optional "
+              "benchmark extra: pip install 'hybridrank[bench]'")
+        return None
+    return lightgbm
+
+
+def split_arrays(data) -> tuple[Any, Any, Any]:
+    """(features [N, F] float64, labels [N], group sizes [R]) of a ``ListData`` for LightGBM."""
+    return (data.num.double().numpy(), data.label.double().numpy(),
+            data.lengths.long().numpy())
+
+
+def summarize(per_fold: Mapping[int, Mapping[str, float]], keys: Sequence[str]) -> dict:
+    """``{key: {"mean", "std", "folds"}}`` over folds."""
+    out = {}
+    for k in keys:
+        vals = [float(m[k]) for m in per_fold.values() if k in m]
+        mu, sd = mean_std(vals)
+        out[k] = {"mean": mu, "std": sd, "folds": vals}
+    return out
