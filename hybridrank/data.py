@@ -471,21 +471,29 @@ class ClickLogSource:
         label_max: largest label (1 for clicks).
         nan_policy: ``"error"`` (default) or ``"fill"`` missing / NaN / inf numeric features with
             ``fill_value`` (counts are logged).
+        duplicates: repeated (request, item) rows: ``"error"`` (default), ``"drop"`` (keep the
+            first) or ``"keep"`` (:func:`~hybridrank.readers.validate_frame`).
+        max_request_span: seconds; a request id whose rows lie further apart in time is an error
+            (a reused id); None keeps them as one request.
     """
 
     def __init__(self, path: str | Path, columns: Mapping, split: Mapping | None = None,
-                 label_max: float = 1, nan_policy: str = "error", fill_value: float = 0.0):
+                 label_max: float = 1, nan_policy: str = "error", fill_value: float = 0.0,
+                 duplicates: str = "error", max_request_span: float | None = 3600):
         self.path = path
         self.columns = ColumnMap.from_dict(columns)
         self.split = _split_args(split)
         self.label_max = float(label_max)
         self.nan_policy = nan_policy
         self.fill_value = float(fill_value)
+        self.duplicates, self.max_request_span = duplicates, max_request_span
 
     def load(self) -> Splits:
         frame = validate_frame(read_clicklog(self.path, self.columns), self.columns,
                                label_max=self.label_max, nan_policy=self.nan_policy,
-                               fill_value=self.fill_value, name=str(self.path))
+                               fill_value=self.fill_value, name=str(self.path),
+                               duplicates=self.duplicates,
+                               max_request_span=self.max_request_span)
         parts = split_frame(frame, self.columns, **self.split)
         return _finish(str(self.path), dict(zip(("train", "val", "test"), parts)), self.columns,
                        self.label_max)

@@ -28,6 +28,14 @@ SOURCE_ROW = "_source_row"
 
 _NUMERIC_KINDS = ("label", "bid", "true_p")
 
+#: read_libsvm without n_features refuses a dense matrix larger than this (2 GiB of float64):
+#: a stray huge index (a typo) would otherwise allocate rows x index values.
+MAX_DENSE_CELLS = 1 << 28
+
+#: Default of ``max_request_span`` (seconds): one request id's rows further apart in time than
+#: this are a recycled id, not one page.
+MAX_REQUEST_SPAN = 3600
+
 
 # ----------------------------------------------------------------------------------------------
 # Column map
@@ -168,6 +176,17 @@ def _raise_libsvm_error(path: Path, frame: pl.DataFrame, feats: pl.DataFrame,
     raise ValueError(f"{path}: line {line}: {msg}")
 
 
+def _decode_utf8(path: Path, raw: bytes, what: str) -> str:
+    """``raw`` as text, or a ValueError naming the file, line and byte offset of the first bad byte."""
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = raw.count(b"\n", 0, e.start) + 1
+        bad = raw[e.start:e.start + 4]
+        raise ValueError(f"{path}: line {line}: bytes that are not UTF-8 ({bad!r} at byte offset "
+                         f"{e.start}); {what} must be UTF-8 or ASCII text") from None
+
+
 def read_libsvm(path: str | Path, *, n_features: int | None = None) -> pl.DataFrame:
     """Read a LibSVM / LETOR / SVMrank file: ``label qid:Q i:v i:v ... # comment``.
 
@@ -201,14 +220,7 @@ def read_libsvm(path: str | Path, *, n_features: int | None = None) -> pl.DataFr
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"LibSVM file not found: {path}")
-    raw = path.read_bytes()
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as e:
-        line = raw.count(b"\n", 0, e.start) + 1
-        bad = raw[e.start:e.start + 4]
-        raise ValueError(f"{path}: line {line}: bytes that are not UTF-8 ({bad!r} at byte offset "
-                         f"{e.start}); LibSVM files must be UTF-8 or ASCII text") from None
+    text = _decode_utf8(path, path.read_bytes(), "LibSVM files")
     frame = (
         pl.DataFrame({"text": text.split("\n")})
         .with_row_index("line", offset=1)
@@ -265,6 +277,13 @@ def read_libsvm(path: str | Path, *, n_features: int | None = None) -> pl.DataFr
         _raise_libsvm_error(path, frame, feats, n_features)
 
     n_rows = frame.height
+    if n_features is None and idx.size and n_rows * int(idx.max()) > MAX_DENSE_CELLS:
+        r = int(np.argmax(idx))
+        raise ValueError(
+            f"{path}: line {frame['line'][int(row[r])]}: feature index {int(idx[r])} would make a "
+            f"dense matrix of {n_rows} x {int(idx[r])} values ({n_rows * int(idx[r]) * 8 / 2**30:.1f}"
+            f" GiB); pass n_features (the true width: larger indices are then an error) or fix "
+            f"the line")
     width = int(n_features) if n_features is not None else (int(idx.max()) if idx.size else 0)
     mat = np.zeros((n_rows, width), dtype=np.float64)
     mat[row, idx - 1] = feats["val"].to_numpy()
@@ -393,6 +412,13 @@ def read_clicklog(path_or_glob: str | Path, columns: ColumnMap) -> pl.DataFrame:
             .collect()
         )
     except pl.exceptions.PolarsError as e:
+        if kinds == {"csv"} and "utf-8" in str(e).lower():
+            import gzip
+
+            for f in files:  # only on this error path: find the file and line to name
+                raw = Path(f).read_bytes()
+                _decode_utf8(Path(f), gzip.decompress(raw) if f.lower().endswith(".gz") else raw,
+                             "CSV click logs")
         raise ValueError(f"{pattern}: cannot read click log: {e}") from e
     return normalize_types(frame, columns)
 
@@ -420,7 +446,8 @@ def normalize_types(frame: pl.DataFrame, columns: ColumnMap) -> pl.DataFrame:
 # ----------------------------------------------------------------------------------------------
 def validate_frame(frame: pl.DataFrame, columns: ColumnMap, *, label_max: float,
                    nan_policy: str = "error", fill_value: float = 0.0,
-                   name: str = "data") -> pl.DataFrame:
+                   name: str = "data", duplicates: str = "error",
+                   max_request_span: float | None = MAX_REQUEST_SPAN) -> pl.DataFrame:
     """Check a frame's values; return it (with missing numerics filled under ``nan_policy="fill"``).
 
     Checks: the frame has rows; numeric features have no null / NaN / inf (``nan_policy="error"``
@@ -428,9 +455,22 @@ def validate_frame(frame: pl.DataFrame, columns: ColumnMap, *, label_max: float,
     the counts); labels are present and in ``[0, label_max]``; positions are >= 1 (1-based);
     bids are finite and >= 0; true_p in ``[0, 1]``; id columns (request, session, user) have no
     nulls.
+
+    Two request-level policies (docs/ROBUSTNESS.md):
+
+    - ``duplicates`` (when ``item`` is mapped): a (request, item) pair on two rows is an error
+      naming the first repeat and where the pair was first seen (``"error"``, default: a logging
+      bug, e.g. a retried write, would double-count clicks); ``"drop"`` keeps the first row of each
+      pair and logs the count; ``"keep"`` keeps all rows (pseudo-requests, pages that really show
+      an item twice).
+    - ``max_request_span`` (seconds, when ``time`` is mapped and ``request_time_bucket`` is not):
+      one request id whose rows lie further apart in time is an error (a recycled id would merge
+      two unrelated pages into one list); ``None`` keeps such rows as one request.
     """
     if nan_policy not in ("error", "fill"):
         raise ValueError(f"nan_policy must be 'error' or 'fill', got {nan_policy!r}")
+    if duplicates not in ("error", "keep", "drop"):
+        raise ValueError(f"duplicates must be 'error', 'keep' or 'drop', got {duplicates!r}")
     if frame.height == 0:
         raise ValueError(f"{name}: empty: no rows")
 
@@ -481,4 +521,49 @@ def validate_frame(frame: pl.DataFrame, columns: ColumnMap, *, label_max: float,
     if columns.time is not None:
         fail(frame[columns.time].is_null(), f"time {columns.time!r} has missing values",
              columns.time)
+    if (max_request_span is not None and columns.time is not None
+            and columns.request_time_bucket is None):
+        t = pl.col(columns.time)
+        span = frame.select((t.max() - t.min()).over(request_key_expr(columns)).alias("s"))["s"]
+        over = span > max_request_span
+        if over.any():
+            i = int(over.arg_true()[0])
+            key = frame.select(request_key_expr(columns)).to_series()
+            same = key == key[i]
+            times = frame[columns.time]
+            lo = int((same & (times == times.filter(same).min())).arg_true()[0])
+            hi = int((same & (times == times.filter(same).max())).arg_true()[0])
+            raise ValueError(
+                f"{name}: request {key[i]!r} spans {span[i]} s of time (rows at {_where(frame, lo)} "
+                f"and {_row(frame, hi)}), more than max_request_span={max_request_span}: a request "
+                f"id reused at another time; fix the ids, add the time to the request key "
+                f"(request_time_bucket), or set max_request_span=null to keep them as one request "
+                f"({int(over.sum())} row(s) in such requests)")
+    if columns.item is not None and duplicates != "keep":
+        pair = pl.struct(request_key_expr(columns).alias("q"), pl.col(columns.item).alias("i"))
+        dup = frame.select((~pair.is_first_distinct()).alias("d"))["d"]
+        n = int(dup.sum())
+        if n and duplicates == "error":
+            i = int(dup.arg_true()[0])
+            key = frame.select(request_key_expr(columns)).to_series()
+            item = frame[columns.item]
+            j = int(((key == key[i]) & (item == item[i])).arg_true()[0])
+            raise ValueError(
+                f"{name}: duplicate (request, item) rows: {n} row(s) repeat an earlier one, first "
+                f"request {key[i]!r} item {item[i]!r} at {_where(frame, i)} (first seen at "
+                f"{_row(frame, j)}); set duplicates='drop' to keep the first row of each pair or "
+                f"'keep' to keep them all")
+        if n:
+            log.warning("%s: dropped %d duplicate (request, item) row(s), kept the first of each",
+                        name, n)
+            frame = frame.filter(~dup)
     return frame
+
+
+def _row(frame: pl.DataFrame, i: int) -> str:
+    """Row ``i``'s location without the file name (for a second row of the same file)."""
+    if "line" in frame.columns:
+        return f"line {frame['line'][i]}"
+    if SOURCE_ROW in frame.columns:
+        return f"row {frame[SOURCE_ROW][i]}"
+    return f"row {i + 1}"

@@ -197,8 +197,6 @@ def test_libsvm_truncated_non_utf8_and_empty(tmp_path, text, fragment):
         assert str(e.value).startswith(str(p))
 
 
-@pytest.mark.xfail(strict=True, reason="needs fix in hybridrank/readers.py read_libsvm: refuse a "
-                                       "dense matrix beyond a size cap when n_features is None")
 def test_libsvm_huge_index_without_n_features_is_an_error(tmp_path):
     """A typo'd index (10^10) must not allocate a 10^10-column matrix (80 GB): a clear error."""
     p = tmp_path / "typo.txt"
@@ -278,8 +276,6 @@ def test_non_utf8_csv_names_the_file(tmp_path):
         read_clicklog(p, CM)
 
 
-@pytest.mark.xfail(strict=True, reason="needs fix in hybridrank/readers.py read_clicklog: name the "
-                                       "file and line of the first non-UTF-8 byte of a CSV log")
 def test_non_utf8_csv_names_the_line(tmp_path):
     p = tmp_path / "latin1.csv"
     clicklog().write_csv(p)
@@ -322,8 +318,6 @@ def test_nan_policy_fill_is_explicit_and_counted(caplog):
     assert "filled 2 missing/NaN/inf numeric value(s) with -1.0: {'x': 2}" in caplog.text
 
 
-@pytest.mark.xfail(strict=True, reason="needs fix in hybridrank/readers.py validate_frame + "
-                                       "data.py ClickLogSource: duplicates='error' policy")
 def test_duplicate_request_item_rows_are_an_error_by_default(tmp_path):
     df = clicklog()
     dup = pl.concat([df.slice(0, 8), df.slice(4, 1), df.slice(8)])  # row 5 again as row 9
@@ -334,8 +328,6 @@ def test_duplicate_request_item_rows_are_an_error_by_default(tmp_path):
         ClickLogSource(tmp_path / "dup.parquet", CM.to_dict(), {"by": "hash", "key": "request"}).load()
 
 
-@pytest.mark.xfail(strict=True, reason="needs fix in hybridrank/readers.py validate_frame + "
-                                       "data.py ClickLogSource: duplicates='keep'|'drop' options")
 def test_duplicate_rows_keep_or_drop_when_asked(tmp_path, caplog):
     df = clicklog()
     dup = pl.concat([df.slice(0, 8), df.slice(4, 1), df.slice(8)])
@@ -352,8 +344,6 @@ def test_duplicate_rows_keep_or_drop_when_asked(tmp_path, caplog):
         validate_frame(dup, CM, label_max=1, duplicates="ignore")
 
 
-@pytest.mark.xfail(strict=True, reason="needs fix in hybridrank/readers.py validate_frame + "
-                                       "data.py ClickLogSource: max_request_span policy")
 def test_request_id_reused_at_distant_times_is_an_error(tmp_path):
     df = clicklog()
     t = df["t"].to_list()
