@@ -32,7 +32,7 @@ class KillAtStep(pl.Callback):
 
 if __name__ == "__main__":
     out = Path(sys.argv[1])
-    extra = [f"+callbacks.killer._target_=resume_worker.KillAtStep",
+    extra = ["+callbacks.killer._target_=resume_worker.KillAtStep",
              f"+callbacks.killer.step={sys.argv[2]}"] if len(sys.argv) > 2 else []
     with initialize_config_dir(CONF_DIR, version_base="1.3"):
         cfg = compose("config", overrides=[f"paths.output_dir={out}", *OVERRIDES, *extra])
