@@ -14,7 +14,6 @@ of whole requests.
 from __future__ import annotations
 
 import dataclasses
-import glob as _glob
 import itertools
 import logging
 import math
@@ -141,14 +140,9 @@ _OPTIONAL_ROLES = ("session", "user", "time", "position", "item", "bid", "true_p
 
 
 def _files(pattern: str) -> list[str]:
-    if any(ch in pattern for ch in "*?["):
-        files = sorted(_glob.glob(pattern, recursive=True))
-        if not files:
-            raise FileNotFoundError(f"no click-log files match the glob {pattern!r}")
-        return files
-    if not Path(pattern).is_file():
-        raise FileNotFoundError(f"click-log file not found: {pattern}")
-    return [pattern]
+    from .readers import expand_files
+
+    return expand_files(pattern)
 
 
 def _scan(files: list[str], columns) -> pl.LazyFrame:

@@ -18,6 +18,7 @@ import numpy as np
 import polars as pl
 
 __all__ = ["ColumnMap", "read_libsvm", "read_clicklog", "validate_frame", "request_key_expr", "normalize_types",
+           "expand_files",
            "SOURCE_FILE", "SOURCE_ROW"]
 
 log = logging.getLogger(__name__)
@@ -362,6 +363,26 @@ def _time_expr(frame: pl.DataFrame, col: str) -> pl.Expr:
     raise ValueError(f"time column {col!r} has type {s.dtype}; expected numbers or datetimes")
 
 
+def expand_files(path_or_glob: str | Path | list | tuple) -> list[str]:
+    """The click-log files named by a path, a glob (``*``, ``?``, ``[``; sorted) or a list of paths.
+
+    Raises:
+        FileNotFoundError: a glob matches nothing, or a named file does not exist.
+    """
+    if isinstance(path_or_glob, list | tuple):
+        files = [str(p) for p in path_or_glob]
+    elif any(ch in str(path_or_glob) for ch in "*?["):
+        files = sorted(_glob.glob(str(path_or_glob), recursive=True))
+        if not files:
+            raise FileNotFoundError(f"no click-log files match the glob {str(path_or_glob)!r}")
+    else:
+        files = [str(path_or_glob)]
+    for f in files:
+        if not Path(f).is_file():
+            raise FileNotFoundError(f"click-log file not found: {f}")
+    return files
+
+
 def read_clicklog(path_or_glob: str | Path, columns: ColumnMap) -> pl.DataFrame:
     """Read a click log (parquet or CSV by suffix; one file or a glob) selecting mapped columns.
 
@@ -377,14 +398,7 @@ def read_clicklog(path_or_glob: str | Path, columns: ColumnMap) -> pl.DataFrame:
             (naming column, count, first value and where).
     """
     pattern = str(path_or_glob)
-    if any(ch in pattern for ch in "*?["):
-        files = sorted(_glob.glob(pattern, recursive=True))
-        if not files:
-            raise FileNotFoundError(f"no click-log files match the glob {pattern!r}")
-    else:
-        if not Path(pattern).is_file():
-            raise FileNotFoundError(f"click-log file not found: {pattern}")
-        files = [pattern]
+    files = expand_files(pattern)
     kinds = {"parquet" if f.lower().endswith((".parquet", ".pq")) else
              "csv" if f.lower().endswith((".csv", ".csv.gz")) else f for f in files}
     unknown = kinds - {"parquet", "csv"}

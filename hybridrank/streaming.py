@@ -43,7 +43,6 @@ session or user (docs/ROBUSTNESS.md).
 
 from __future__ import annotations
 
-import glob as _glob
 import logging
 import math
 from collections.abc import Iterator, Mapping
@@ -61,6 +60,7 @@ from .readers import (
     SOURCE_FILE,
     SOURCE_ROW,
     ColumnMap,
+    expand_files,
     normalize_types,
     request_key_expr,
     validate_frame,
@@ -89,19 +89,8 @@ class Chunk:
 
 
 def _parquet_files(path_or_glob: str | Path | list) -> list[str]:
-    if isinstance(path_or_glob, list | tuple):
-        files = [str(p) for p in path_or_glob]
-    else:
-        pattern = str(path_or_glob)
-        if any(ch in pattern for ch in "*?["):
-            files = sorted(_glob.glob(pattern, recursive=True))
-            if not files:
-                raise FileNotFoundError(f"no click-log files match the glob {pattern!r}")
-        else:
-            files = [pattern]
+    files = expand_files(path_or_glob)
     for f in files:
-        if not Path(f).is_file():
-            raise FileNotFoundError(f"click-log file not found: {f}")
         if not f.lower().endswith((".parquet", ".pq")):
             raise ValueError(f"{f}: streaming reads parquet files only (.parquet / .pq); convert "
                              "CSV logs first (e.g. polars sink_parquet)")
