@@ -86,6 +86,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         result["test"] = {k: float(v) for k, v in tested[0].items()}
         result["reference"] = reference_rows(splits.test, OmegaConf.to_container(cfg.metrics))
     result["seconds"] = time.perf_counter() - t0
+    result["is_global_zero"] = trainer.is_global_zero
     if trainer.is_global_zero:
         (out_dir / "metrics.json").write_text(json.dumps(result, indent=2))
         OmegaConf.save(cfg, out_dir / "config_resolved.yaml", resolve=True)
@@ -136,6 +137,8 @@ def format_table(result: dict[str, Any], columns=TABLE_COLUMNS) -> str:
 def _hydra_main(cfg: DictConfig) -> float | None:
     torch.set_float32_matmul_precision("high")
     result = train(cfg)
+    if not result.get("is_global_zero", True):  # under DDP only rank 0 reports
+        return result.get("test", {}).get("test/logloss")
     print()
     print(format_table(result))
     print(f"\noutputs: {result['output_dir']} (metrics.json, config_resolved.yaml, checkpoints/, logs/)")
