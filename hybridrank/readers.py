@@ -222,8 +222,79 @@ def read_libsvm(path: str | Path, *, n_features: int | None = None) -> pl.DataFr
     if not path.is_file():
         raise FileNotFoundError(f"LibSVM file not found: {path}")
     text = _decode_utf8(path, path.read_bytes(), "LibSVM files")
+    lines = text.split("\n")
+    irregular = "\t" in text or "  " in text
+    parsed = _libsvm_fast(lines, n_features, irregular)
+    if parsed is None:  # something is off: the step-by-step parser finds and names the line
+        parsed = _libsvm_careful(path, lines, n_features)
+    return _libsvm_frame(path, *parsed, n_features)
+
+
+def _libsvm_fast(lines: list[str], n_features: int | None, irregular: bool):
+    """One fused lazy polars query for well-formed files.
+
+    Returns ``(head, row, idx, val)`` — per-line ``label, qid, comment, line`` and the
+    ``(row, index, value)`` triple of every feature token — or None when any line is malformed
+    (then :func:`_libsvm_careful` reports it) or the file has no row.
+    """
+    body = pl.col("field_0").str.strip_chars()
+    if irregular:  # tabs, runs of spaces, stray CR: normalise first (rare, slower)
+        body = body.str.replace_all(r"\s+", " ")
+    lf = (
+        pl.LazyFrame({"text": lines}).with_row_index("line", offset=1)
+        .with_columns(pl.col("text").str.strip_chars())
+        .filter((pl.col("text") != "") & ~pl.col("text").str.starts_with("#"))
+        .with_columns(pl.col("text").str.splitn("#", 2).alias("_p")).unnest("_p")
+        .with_columns(body.str.split(" ").alias("tok"),
+                      pl.col("field_1").str.strip_chars().alias("comment"))
+        .with_row_index("row")
+    )
+    qid = pl.col("tok").list.get(1, null_on_oob=True)
+    head = lf.select(
+        pl.col("tok").list.get(0, null_on_oob=True).cast(pl.Float64, strict=False).alias("label"),
+        pl.when(qid.str.starts_with("qid:")).then(qid.str.slice(4)).alias("qid"),
+        "comment", pl.col("line").cast(pl.Int64))
+    feats = (
+        lf.select("row", pl.col("tok").list.slice(2).alias("feat")).explode("feat")
+        .drop_nulls("feat")
+        .select("row", pl.col("feat").str.splitn(":", 2).alias("kv")).unnest("kv")
+        .select("row", pl.col("field_1").is_null().alias("no_colon"),
+                pl.col("field_0").cast(pl.Int64, strict=False).alias("idx"),
+                pl.col("field_1").cast(pl.Float64, strict=False).alias("val"))
+    )
+    head, feats = pl.collect_all([head, feats])
+    if head.height == 0 or head["label"].null_count() or head["qid"].null_count():
+        return None
+    if (head["qid"] == "").any() or feats["no_colon"].any():
+        return None
+    if feats["idx"].null_count() or feats["val"].null_count():
+        return None
+    row = feats["row"].to_numpy().astype(np.int64)
+    idx = feats["idx"].to_numpy()
+    if idx.size and (idx.min() < 1 or (n_features is not None and idx.max() > n_features)):
+        return None
+    if _has_duplicate_index(row, idx).any():
+        return None
+    return head, row, idx, feats["val"].to_numpy()
+
+
+def _has_duplicate_index(row: np.ndarray, idx: np.ndarray) -> np.ndarray:
+    """``[n]`` True where a (row, index) pair repeats an earlier token of the same line."""
+    dup = np.zeros(row.size, dtype=bool)
+    # indices usually increase inside a line (a cheap check); otherwise sort the keys
+    if row.size > 1 and np.any((row[1:] == row[:-1]) & (idx[1:] <= idx[:-1])):
+        key = row * (int(idx.max()) + 1) + idx
+        order = np.argsort(key, kind="stable")
+        d_sorted = np.zeros(row.size, dtype=bool)
+        d_sorted[1:] = key[order][1:] == key[order][:-1]
+        dup[order] = d_sorted
+    return dup
+
+
+def _libsvm_careful(path: Path, lines: list[str], n_features: int | None):
+    """The step-by-step parser: same result as the fast one, and file:line errors when malformed."""
     frame = (
-        pl.DataFrame({"text": text.split("\n")})
+        pl.DataFrame({"text": lines})
         .with_row_index("line", offset=1)
         .with_columns(pl.col("line").cast(pl.Int64), pl.col("text").str.strip_chars())
         .filter((pl.col("text") != "") & ~pl.col("text").str.starts_with("#"))
@@ -259,15 +330,8 @@ def read_libsvm(path: str | Path, *, n_features: int | None = None) -> pl.DataFr
     )
     row = feats["row"].to_numpy().astype(np.int64)
     idx = feats["idx"].to_numpy()
-    # duplicates: indices usually increase inside a line (fast check); otherwise sort the keys
-    same_row = row[1:] == row[:-1]
-    dup = np.zeros(row.size, dtype=bool)
-    if feats["idx"].null_count() == 0 and np.any(same_row & (idx[1:] <= idx[:-1])):
-        key = row * (int(idx.max()) + 1) + idx
-        order = np.argsort(key, kind="stable")
-        d_sorted = np.zeros(row.size, dtype=bool)
-        d_sorted[1:] = key[order][1:] == key[order][:-1]
-        dup[order] = d_sorted
+    dup = (_has_duplicate_index(row, idx) if feats["idx"].null_count() == 0
+           else np.zeros(row.size, dtype=bool))
     feats = feats.with_columns(pl.Series("dup", dup))
     bad_feat = (pl.col("field_1").is_null() | pl.col("idx").is_null() | pl.col("val").is_null()
                 | (pl.col("idx") < 1) | pl.col("dup"))
@@ -277,6 +341,12 @@ def read_libsvm(path: str | Path, *, n_features: int | None = None) -> pl.DataFr
     if frame.select(bad_line.any()).item() or feats.select(bad_feat.any()).item():
         _raise_libsvm_error(path, frame, feats, n_features)
 
+    return frame.select("label", "qid", "comment", "line"), row, idx, feats["val"].to_numpy()
+
+
+def _libsvm_frame(path: Path, frame: pl.DataFrame, row: np.ndarray, idx: np.ndarray,
+                  val: np.ndarray, n_features: int | None) -> pl.DataFrame:
+    """Scatter the parsed ``(row, index, value)`` triples into the dense output frame."""
     n_rows = frame.height
     if n_features is None and idx.size and n_rows * int(idx.max()) > MAX_DENSE_CELLS:
         r = int(np.argmax(idx))
@@ -287,7 +357,7 @@ def read_libsvm(path: str | Path, *, n_features: int | None = None) -> pl.DataFr
             f"the line")
     width = int(n_features) if n_features is not None else (int(idx.max()) if idx.size else 0)
     mat = np.zeros((n_rows, width), dtype=np.float64)
-    mat[row, idx - 1] = feats["val"].to_numpy()
+    mat[row, idx - 1] = val
 
     out = pl.concat(
         [frame.select("label", "qid"),
