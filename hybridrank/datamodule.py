@@ -77,8 +77,9 @@ class ListDataModule(pl.LightningDataModule):
         self.budget, self.scope, self.window = budget, scope, window
         self.max_unit_size = None if max_unit_size is None else min(max_unit_size, budget)
         self.eval_budget, self.shuffle, self.seed, self.num_workers = eval_budget, shuffle, seed, num_workers
-        # fail at construction, not in the middle of the first epoch
-        self.train_sampler(epoch=0)
+        # fail at construction, not in the middle of the first epoch; the share of negatives the
+        # sampler keeps is a property of the data and the cap, the same every epoch
+        self.neg_keep_rate = self.train_sampler(epoch=0).neg_keep_rate
 
     def _world(self) -> tuple[int, int]:
         trainer = self.trainer
@@ -95,10 +96,6 @@ class ListDataModule(pl.LightningDataModule):
         )
         sampler.set_epoch(epoch)
         return sampler
-
-    @property
-    def neg_keep_rate(self) -> float:
-        return self.train_sampler(0).neg_keep_rate
 
     def _loader(self, data: ListData, sampler: GroupBatchSampler, dataset: ListDataset) -> DataLoader:
         return DataLoader(dataset, sampler=sampler, batch_size=None, collate_fn=_identity,
