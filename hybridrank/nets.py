@@ -2,6 +2,15 @@
 
 A scorer takes the flat tensors of a batch, ``num [B, F]`` and ``cat [B, C]``, and returns
 ``[B, n_outputs]``. It holds no training-only code, so it can be exported as it is.
+
+The scorer contract (every scorer in this file, and any a user plugs in):
+
+- built as ``cls(n_numeric=F, vocab_sizes=[V_1..V_C], n_outputs=1|2, base_rate=p|None, **options)``:
+  the sizes come from the data schema and the loss at run time, the options from ``conf/model``;
+- ``forward(num [B, F] float32, cat [B, C] int64, request [B] int64 | None = None) -> [B, n_outputs]``.
+  ``request`` is the list (request) index of each impression, rows of one request adjacent; scorers
+  that do not look at the list ignore it, list-aware scorers need it;
+- attributes ``n_numeric``, ``vocab_sizes``, ``n_outputs`` (the export builds example inputs from them).
 """
 
 from __future__ import annotations
@@ -82,7 +91,8 @@ class MLPScorer(nn.Module):
         self.head = nn.Linear(width, n_outputs)
         init_output_bias(self.head, base_rate)
 
-    def forward(self, num: torch.Tensor, cat: torch.Tensor) -> torch.Tensor:
+    def forward(self, num: torch.Tensor, cat: torch.Tensor,
+                request: torch.Tensor | None = None) -> torch.Tensor:
         x = torch.cat([num, self.embeddings(cat)], dim=1)
         return self.head(self.body(x))
 

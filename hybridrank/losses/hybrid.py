@@ -157,6 +157,18 @@ class HybridLoss(nn.Module):
             raise ValueError(f"term {name!r}: {kind} has no option {bad}; options are {allowed}")
         return kind, float(spec.get("weight", 1.0)), options
 
+    def click_logit(self, out: Tensor) -> Tensor:
+        """The pCTR logit of raw scorer outputs under this loss: ``σ(click_logit(out))`` is the pCTR.
+
+        The one place where a loss decides how its outputs become a click probability (``z_1 - z_0``
+        for two-output JRC heads, the single logit otherwise). Every scoring path (metrics,
+        exports, portable models) goes through it.
+
+        Args:
+            out: ``[..., n_outputs]`` raw scorer outputs (flat ``[B, k]`` or lists ``[G, L, k]``).
+        """
+        return click_logit(out, n_outputs=self.n_outputs)
+
     def extra_repr(self) -> str:
         terms = ", ".join(f"{n}={k}×{w:g}{o or ''}" for n, (k, w, o) in self.terms.items())
         return (f"point_weight={self.point_weight:g}, point_target={self.point_target!r}, "
