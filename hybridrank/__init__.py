@@ -8,25 +8,27 @@ See ``docs/ARCHITECTURE.md`` for how the parts fit. Submodules hold the full API
 the names most users need are re-exported here.
 """
 
-from .calibration import IdentityCalibrator, IsotonicCalibrator, TemperatureCalibrator, downsampling_correction
+from .calibration import IdentityCalibrator, IsotonicCalibrator, PlattCalibrator, downsampling_correction
 from .data import ClickLogSource, ColumnMap, LetorSource, Schema, SimulatedSource, Splits, read_clicklog, read_libsvm
 from .datamodule import ListDataModule
-from .export import export_onnx, export_torchscript, load_ranker, read_scores
+from .export import PortableRanker, export_onnx, export_torchscript, read_scores, score_frame
 from .lists import Batch, ListData
 from .losses import LOSSES, HybridLoss, click_logit
 from .metrics import ListMetrics, auc, ece, gauc, log_loss, mean_average_precision, mrr, ndcg, pcoc
-from .module import HybridRanker, evaluate_logits, predict_logits
+from .module import HybridRanker, evaluate_chunks, evaluate_logits
 from .nets import LinearScorer, MLPScorer
 from .sampler import GroupBatchSampler, ListDataset, collate, unit_ids
 from .simulate import simulate_clicklog
+from .streaming import ClickLogScanner, StreamingClickLogSource, StreamingDataModule
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "LOSSES", "Batch", "ClickLogSource", "ColumnMap", "GroupBatchSampler", "HybridLoss", "HybridRanker",
-    "IdentityCalibrator", "IsotonicCalibrator", "LetorSource", "LinearScorer", "ListData", "ListDataModule",
-    "ListDataset", "ListMetrics", "MLPScorer", "Schema", "SimulatedSource", "Splits", "TemperatureCalibrator",
-    "auc", "click_logit", "collate", "downsampling_correction", "ece", "evaluate_logits", "export_onnx",
-    "export_torchscript", "gauc", "load_ranker", "log_loss", "mean_average_precision", "mrr", "ndcg", "pcoc",
-    "predict_logits", "read_clicklog", "read_libsvm", "read_scores", "simulate_clicklog", "unit_ids",
+    "LOSSES", "Batch", "ClickLogScanner", "ClickLogSource", "ColumnMap", "GroupBatchSampler", "HybridLoss",
+    "HybridRanker", "IdentityCalibrator", "IsotonicCalibrator", "LetorSource", "LinearScorer", "ListData",
+    "ListDataModule", "ListDataset", "ListMetrics", "MLPScorer", "PlattCalibrator", "PortableRanker", "Schema",
+    "SimulatedSource", "Splits", "StreamingClickLogSource", "StreamingDataModule", "auc", "click_logit",
+    "collate", "downsampling_correction", "ece", "evaluate_chunks", "evaluate_logits", "export_onnx",
+    "export_torchscript", "gauc", "log_loss", "mean_average_precision", "mrr", "ndcg", "pcoc", "read_clicklog",
+    "read_libsvm", "read_scores", "score_frame", "simulate_clicklog", "unit_ids",
 ]

@@ -5,8 +5,9 @@ calibrated pCTR. It is fitted on validation ``(logit, click)`` pairs, never on t
 (CONVENTIONS.md §4). Three are provided, all pure torch (no scikit-learn at runtime):
 
 - :class:`IdentityCalibrator` (``none``): ``p = σ(z)``.
-- :class:`TemperatureCalibrator` (Platt scaling on logits): ``p = σ(a·z + b)``, ``a, b`` minimise
-  the log loss (Newton's method, float64; Platt 1999, Guo et al. 2017).
+- :class:`PlattCalibrator` (``platt``, Platt scaling on logits): ``p = σ(a·z + b)``, ``a, b``
+  minimise the log loss (Newton's method, float64; Platt 1999). With ``b = 0`` it would be
+  temperature scaling (Guo et al. 2017); the intercept also fixes a shifted base rate.
 - :class:`IsotonicCalibrator`: pool-adjacent-violators on the sorted logits (Zadrozny & Elkan
   2002), predicted by linear interpolation between the centres of the pooled blocks, constant
   beyond the first / last centre, clipped to ``[eps, 1 - eps]``.
@@ -34,7 +35,7 @@ import torch
 from torch import Tensor, nn
 
 __all__ = [
-    "Calibrator", "IdentityCalibrator", "TemperatureCalibrator", "IsotonicCalibrator",
+    "Calibrator", "IdentityCalibrator", "PlattCalibrator", "IsotonicCalibrator",
     "CALIBRATORS", "calibrator_from_dict", "downsampling_correction", "correction_shift",
     "resolve_correction", "CORRECTIONS",
 ]
@@ -172,7 +173,7 @@ class IdentityCalibrator(Calibrator):
         return cls()
 
 
-class TemperatureCalibrator(Calibrator):
+class PlattCalibrator(Calibrator):
     """Platt scaling on logits: ``p = σ(a·z + b)`` with ``(a, b)`` minimising the log loss.
 
     Fitted by damped Newton steps in float64 (two parameters: the Hessian is 2 × 2), starting
@@ -185,7 +186,7 @@ class TemperatureCalibrator(Calibrator):
         a, b: initial / loaded parameters.
     """
 
-    name = "temperature"
+    name = "platt"
 
     def __init__(self, l2: float = 1e-6, max_iter: int = 100, tol: float = 1e-10,
                  a: float = 1.0, b: float = 0.0):
@@ -199,10 +200,10 @@ class TemperatureCalibrator(Calibrator):
         nll = (w * (torch.nn.functional.softplus(s) - y * s)).sum() / w.sum()
         return nll + 0.5 * l2 * ((theta[0] - 1) ** 2 + theta[1] ** 2)
 
-    def fit(self, logits, clicks, weights=None) -> TemperatureCalibrator:
+    def fit(self, logits, clicks, weights=None) -> PlattCalibrator:
         z, y, w = _fit_inputs(logits, clicks, weights)
         if not 0 < float((w * y).sum()) < float(w.sum()):
-            raise ValueError("temperature calibration needs both clicks and non-clicks")
+            raise ValueError("Platt calibration needs both clicks and non-clicks")
         x = torch.stack([z, torch.ones_like(z)], dim=1)        # [N, 2]
         wn = w / w.sum()
         identity = torch.tensor([1.0, 0.0], dtype=torch.float64)
@@ -234,7 +235,7 @@ class TemperatureCalibrator(Calibrator):
         return {"name": self.name, "a": self.a, "b": self.b, "l2": self.l2}
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> TemperatureCalibrator:
+    def from_dict(cls, d: Mapping[str, Any]) -> PlattCalibrator:
         out = cls(l2=float(d.get("l2", 1e-6)), a=float(d["a"]), b=float(d["b"]))
         out.fitted = True
         return out
@@ -355,9 +356,11 @@ def _pav(w: np.ndarray, wy: np.ndarray, wz: np.ndarray) -> tuple[np.ndarray, ...
 
 
 #: Calibrators by config / metadata name (a plain dict: no eval / globals dispatch).
+#: ``temperature`` is the name exports written before version 0.2 give Platt scaling.
 CALIBRATORS: dict[str, type[Calibrator]] = {
     "none": IdentityCalibrator,
-    "temperature": TemperatureCalibrator,
+    "platt": PlattCalibrator,
+    "temperature": PlattCalibrator,
     "isotonic": IsotonicCalibrator,
 }
 

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import sys
 import time
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -15,9 +15,10 @@ import pytorch_lightning as pl
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from .module import HybridRanker, evaluate_logits
+from .atomic import write_json, write_text
+from .module import HybridRanker, evaluate_chunks
 
-__all__ = ["train", "train_main", "format_table"]
+__all__ = ["train", "train_main", "format_table", "build_model", "build_trainer", "reference_rows"]
 
 log = logging.getLogger(__name__)
 
@@ -28,27 +29,32 @@ TABLE_COLUMNS = ("ndcg@10", "gauc", "logloss", "ece", "pcoc")
 CONF_DIR = str(Path(__file__).resolve().parents[1] / "conf")
 
 
-def build(cfg: DictConfig):
-    """Instantiate data, loss, scorer and module from a config (no training)."""
-    splits = hydra.utils.instantiate(cfg.data.source).load()
-    datamodule = hydra.utils.instantiate(cfg.sampler, splits=splits)
-    loss = hydra.utils.instantiate(cfg.loss)
-    base_rate = float((splits.train.label > 0).float().mean())
-    scorer = hydra.utils.instantiate(cfg.model)(  # a partial: sizes come from the data
-        n_numeric=splits.train.num.shape[1],
-        vocab_sizes=list(splits.schema.vocab_sizes), n_outputs=loss.n_outputs, base_rate=base_rate,
-    )
-    module = HybridRanker(
-        scorer, loss,
-        optimizer=hydra.utils.instantiate(cfg.optimizer),
-        scheduler=hydra.utils.instantiate(cfg.scheduler) if cfg.get("scheduler") else None,
-        metrics=OmegaConf.to_container(cfg.metrics, resolve=True),
-        schema=splits.schema.to_dict(),
-        config=OmegaConf.to_container(cfg, resolve=True),
-        neg_keep_rate=datamodule.neg_keep_rate,
-        neg_weighted=True,  # the sampler weights kept negatives by 1 / keep-rate
-    )
-    return splits, datamodule, module
+def build_model(cfg: DictConfig, datamodule) -> HybridRanker:
+    """The ``HybridRanker`` of ``cfg.model`` for the data of ``datamodule``.
+
+    The model node is instantiated non-recursively (its ``scorer``, ``loss``, ``optimizer``,
+    ``scheduler`` and ``metrics`` configs are built by the model itself and stored in its
+    hyper-parameters); ``data`` (schema, base rate, negative keep rate) is passed as plain Python,
+    never through OmegaConf, so large vocabularies stay cheap.
+    """
+    node = OmegaConf.to_container(cfg.model, resolve=True)
+    target = hydra.utils.get_class(node.pop("_target_"))
+    node.pop("_recursive_", None)
+    return target(**node, data=datamodule.model_data(), config=OmegaConf.to_container(cfg, resolve=True))
+
+
+def build_trainer(cfg: DictConfig) -> pl.Trainer:
+    """The Lightning trainer with the configured callbacks and logger.
+
+    ``trainer.enable_progress_bar: auto`` shows the bar only on a terminal; a log file gets the
+    one line per epoch of :class:`hybridrank.callbacks.EpochLog` instead of carriage returns.
+    """
+    callbacks = [hydra.utils.instantiate(c) for c in (cfg.get("callbacks") or {}).values()]
+    logger = hydra.utils.instantiate(cfg.logger) if cfg.get("logger") else False
+    extra = {}
+    if cfg.trainer.get("enable_progress_bar") == "auto":
+        extra["enable_progress_bar"] = sys.stderr.isatty()
+    return hydra.utils.instantiate(cfg.trainer, callbacks=callbacks, logger=logger, **extra)
 
 
 def train(cfg: DictConfig) -> dict[str, Any]:
@@ -56,7 +62,8 @@ def train(cfg: DictConfig) -> dict[str, Any]:
 
     Returns a dict with ``val`` and ``test`` metrics (``test/ndcg@10``, ``test/logloss``, ...),
     reference rows (``oracle`` when the data carries the true click probability, ``base_rate``),
-    the best checkpoint path and the wall time.
+    the best checkpoint path, ``optimized_metric`` (the value of ``cfg.optimized_metric``, for
+    sweeps) and the wall time.
     """
     t0 = time.perf_counter()
     out_dir = Path(cfg.paths.output_dir)
@@ -64,15 +71,14 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     ckpt_path = resume_checkpoint(cfg, out_dir)
     if ckpt_path is None:
         # the config that `hybridrank-resume RUN_DIR` reads back (interpolations kept)
-        OmegaConf.save(cfg, out_dir / RESUME_CONFIG, resolve=False)
+        write_text(out_dir / RESUME_CONFIG, OmegaConf.to_yaml(cfg, resolve=False))
     pl.seed_everything(int(cfg.seed), workers=True, verbose=False)
-    splits, datamodule, module = build(cfg)
-    callbacks = [hydra.utils.instantiate(c) for c in (cfg.get("callbacks") or {}).values()]
-    logger = hydra.utils.instantiate(cfg.logger) if cfg.get("logger") else False
-    trainer: pl.Trainer = hydra.utils.instantiate(cfg.trainer, callbacks=callbacks, logger=logger)
+    datamodule = hydra.utils.instantiate(cfg.data)
+    model = build_model(cfg, datamodule)
+    trainer = build_trainer(cfg)
     if ckpt_path is not None:
         log.info("resuming from %s", ckpt_path)
-    trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path)
+    trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt_path)
 
     ckpt = trainer.checkpoint_callback
     best = ckpt.best_model_path if ckpt is not None and ckpt.best_model_path else None
@@ -82,14 +88,22 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         "output_dir": str(out_dir),
     }
     if cfg.get("test_after_fit", True):
-        tested = trainer.test(module, datamodule=datamodule, ckpt_path=best, verbose=False)
+        tested = trainer.test(model, datamodule=datamodule, ckpt_path=best, verbose=False)
         result["test"] = {k: float(v) for k, v in tested[0].items()}
-        result["reference"] = reference_rows(splits.test, OmegaConf.to_container(cfg.metrics))
+        result["reference"] = reference_rows(lambda: datamodule.eval_chunks("test", 1 << 20),
+                                             model.new_metrics)
+    name = cfg.get("optimized_metric")
+    if name:
+        stage = "test" if name.startswith("test/") else "val"
+        if name not in result.get(stage, {}):
+            raise ValueError(f"optimized_metric={name!r} was not computed; {stage} metrics are "
+                             f"{sorted(result.get(stage, {}))}")
+        result["optimized_metric"] = result[stage][name]
     result["seconds"] = time.perf_counter() - t0
     result["is_global_zero"] = trainer.is_global_zero
     if trainer.is_global_zero:
-        (out_dir / "metrics.json").write_text(json.dumps(result, indent=2))
-        OmegaConf.save(cfg, out_dir / "config_resolved.yaml", resolve=True)
+        write_json(out_dir / "metrics.json", result)
+        write_text(out_dir / "config_resolved.yaml", OmegaConf.to_yaml(cfg, resolve=True))
     return result
 
 
@@ -109,15 +123,29 @@ def resume_checkpoint(cfg: DictConfig, out_dir: Path) -> str | None:
     return str(resume)
 
 
-def reference_rows(test, metric_kwargs: dict) -> dict[str, dict[str, float]]:
-    """Metrics of reference predictors on the test split: the true pCTR when known, the base rate."""
+def reference_rows(chunks: Callable[[], Iterable], new_metrics: Callable[[], Any]
+                   ) -> dict[str, dict[str, float]]:
+    """Metrics of reference predictors on a split: the true pCTR when known, the base rate.
+
+    Args:
+        chunks: returns an iterator over the split's ``ListData`` pieces (called twice: the
+            base rate is the split's own click rate, a constant score, which with
+            ``ties="average"`` is also the expected NDCG of a random order).
+        new_metrics: a fresh :class:`~hybridrank.metrics.ListMetrics` with the run's conventions.
+    """
+    clicks, n, has_truth = 0.0, 0, True
+    for data in chunks():
+        clicks += float((data.label > 0).sum())
+        n += data.n_impressions
+        has_truth &= data.true_p is not None
+    rate = min(max(clicks / max(n, 1), 1e-7), 1 - 1e-7)
     rows = {}
-    if test.true_p is not None:
-        p = test.true_p.double().clamp(1e-7, 1 - 1e-7)
-        rows["oracle (true pCTR)"] = evaluate_logits(test, torch.log(p / (1 - p)), **metric_kwargs)
-    rate = float((test.label > 0).float().mean().clamp(1e-7, 1 - 1e-7))
-    const = torch.full((test.n_impressions,), math.log(rate / (1 - rate)))
-    rows["base rate"] = evaluate_logits(test, const, **metric_kwargs)
+    if has_truth:
+        rows["oracle (true pCTR)"] = evaluate_chunks(
+            ((d, torch.logit(d.true_p.double(), eps=1e-7)) for d in chunks()), new_metrics())
+    rows["base rate"] = evaluate_chunks(
+        ((d, torch.full((d.n_impressions,), math.log(rate / (1 - rate)))) for d in chunks()),
+        new_metrics())
     return rows
 
 
@@ -138,14 +166,14 @@ def _hydra_main(cfg: DictConfig) -> float | None:
     torch.set_float32_matmul_precision("high")
     result = train(cfg)
     if not result.get("is_global_zero", True):  # under DDP only rank 0 reports
-        return result.get("test", {}).get("test/logloss")
+        return result.get("optimized_metric")
     print()
     print(format_table(result))
     print(f"\noutputs: {result['output_dir']} (metrics.json, config_resolved.yaml, checkpoints/, logs/)")
     print(f"best checkpoint: {result['best_checkpoint']}")
     print(f"wall time: {result['seconds']:.1f} s")
-    # multirun sweepers minimise/maximise this value
-    return result.get("test", {}).get("test/logloss")
+    # multirun sweepers (e.g. Optuna) minimise / maximise this value: cfg.optimized_metric
+    return result.get("optimized_metric")
 
 
 def train_main() -> None:

@@ -12,6 +12,7 @@ every machine and polars version). Fractions count keys (sessions, requests or u
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import logging
 from collections.abc import Mapping, Sequence
@@ -26,8 +27,10 @@ import torch
 
 from .lists import ListData, lengths_to_offsets
 from .readers import (
+    MAX_REQUEST_SPAN,
     SOURCE_FILE,
     ColumnMap,
+    normalize_types,
     read_clicklog,
     read_libsvm,
     request_key_expr,
@@ -68,9 +71,16 @@ class Splits(NamedTuple):
 # ----------------------------------------------------------------------------------------------
 # Schema
 # ----------------------------------------------------------------------------------------------
+#: The value policies a model is trained under (``validate_frame`` arguments); they travel with
+#: the schema into checkpoints and apply again when the model scores new data.
+POLICY_DEFAULTS = {"nan_policy": "error", "fill_value": 0.0, "duplicates": "error",
+                   "max_request_span": MAX_REQUEST_SPAN}
+
+
 @dataclass(frozen=True)
 class Schema:
-    """Feature names, vocabularies and scaler fitted on train; turns frames into ``ListData``.
+    """Everything a model needs to read data as it was trained: features, vocabularies, scaler,
+    label range, column map and value policies; turns frames into ``ListData``.
 
     Attributes:
         numeric: numeric feature names (columns of ``ListData.num``, in order).
@@ -81,6 +91,10 @@ class Schema:
             a std of 0 (or undefined) is stored as 1. ``normalize=False`` stores 0 / 1.
         label_max: the largest label value (1 for clicks, 2 for MQ2008, 4 for MSLR).
         columns: the :class:`ColumnMap` that was used.
+        nan_policy, fill_value, duplicates, max_request_span: the value policies of
+            :func:`~hybridrank.readers.validate_frame` the data was read under; :meth:`validate`
+            applies them to new data (a model trained with ``nan_policy="fill"`` fills NaN
+            features of the files it scores with the same ``fill_value``).
     """
 
     numeric: tuple[str, ...]
@@ -90,6 +104,24 @@ class Schema:
     std: tuple[float, ...]
     label_max: float
     columns: ColumnMap = field(compare=True)
+    nan_policy: str = "error"
+    fill_value: float = 0.0
+    duplicates: str = "error"
+    max_request_span: float | None = MAX_REQUEST_SPAN
+
+    @property
+    def policies(self) -> dict:
+        """The value policies as ``validate_frame`` keyword arguments."""
+        return {k: getattr(self, k) for k in POLICY_DEFAULTS}
+
+    def validate(self, frame: pl.DataFrame, name: str = "data") -> pl.DataFrame:
+        """Check (and under ``nan_policy="fill"`` fill) a frame's values with this schema's policies."""
+        return validate_frame(frame, self.columns, label_max=self.label_max, name=name,
+                              **self.policies)
+
+    def read(self, frame: pl.DataFrame, name: str = "data") -> ListData:
+        """A raw frame of this schema's column map -> ``ListData``: cast, validate, transform."""
+        return self.transform(self.validate(normalize_types(frame, self.columns), name))
 
     @property
     def vocab_sizes(self) -> tuple[int, ...]:
@@ -98,8 +130,11 @@ class Schema:
 
     @classmethod
     def fit(cls, train: pl.DataFrame, columns: ColumnMap, label_max: float, *,
-            normalize: bool = True) -> Schema:
-        """Fit vocabularies and the scaler on the train frame."""
+            normalize: bool = True, **policies) -> Schema:
+        """Fit vocabularies and the scaler on the (validated) train frame; record the policies."""
+        unknown = sorted(set(policies) - set(POLICY_DEFAULTS))
+        if unknown:
+            raise ValueError(f"Schema.fit: unknown policies {unknown}; known {sorted(POLICY_DEFAULTS)}")
         if train.height == 0:
             raise ValueError("Schema.fit: the train frame is empty")
         num = list(columns.numeric)
@@ -118,7 +153,7 @@ class Schema:
             for c in columns.categorical
         }
         return cls(tuple(num), tuple(columns.categorical), vocab, mean, std, float(label_max),
-                   columns)
+                   columns, **policies)
 
     def to_dict(self) -> dict:
         """JSON-serialisable form (stored in checkpoints)."""
@@ -126,17 +161,27 @@ class Schema:
             "numeric": list(self.numeric), "categorical": list(self.categorical),
             "vocab": {c: list(v) for c, v in self.vocab.items()},
             "mean": list(self.mean), "std": list(self.std), "label_max": self.label_max,
-            "columns": self.columns.to_dict(),
+            "columns": self.columns.to_dict(), "policies": self.policies,
         }
 
     @classmethod
     def from_dict(cls, d: Mapping) -> Schema:
+        """Inverse of :meth:`to_dict` (schemas saved without ``policies`` get the defaults)."""
+        policies = {**POLICY_DEFAULTS, **dict(d.get("policies") or {})}
         return cls(
             numeric=tuple(d["numeric"]), categorical=tuple(d["categorical"]),
             vocab={str(c): tuple(str(x) for x in v) for c, v in d["vocab"].items()},
             mean=tuple(float(x) for x in d["mean"]), std=tuple(float(x) for x in d["std"]),
             label_max=float(d["label_max"]), columns=ColumnMap.from_dict(d["columns"]),
+            **policies,
         )
+
+    @classmethod
+    def coerce(cls, schema: Schema | Mapping | None) -> Schema | None:
+        """A :class:`Schema` from a schema, its dict form, or None."""
+        if schema is None or isinstance(schema, Schema):
+            return schema
+        return cls.from_dict(schema)
 
     def transform(self, frame: pl.DataFrame) -> ListData:
         """Turn a (validated) frame into ``ListData``; see :meth:`transform_with_stats`.
@@ -347,13 +392,16 @@ def _log_split(name: str, frame: pl.DataFrame, columns: ColumnMap) -> None:
 
 
 def _finish(name: str, frames: dict[str, pl.DataFrame], columns: ColumnMap, label_max: float,
-            normalize: bool = True) -> Splits:
-    """Check no split is empty, fit the schema on train, transform all three, log sizes."""
+            normalize: bool = True, schema: Schema | None = None, policies: Mapping | None = None,
+            ) -> Splits:
+    """Check no split is empty, fit the schema on train (or use the given one), transform all three."""
     for split, f in frames.items():
         if f.height == 0:
             raise ValueError(f"{name}: the {split} split is empty (check its fractions or file)")
         _log_split(f"{name} {split}", f, columns)
-    schema = Schema.fit(frames["train"], columns, label_max, normalize=normalize)
+    if schema is None:
+        schema = Schema.fit(frames["train"], columns, label_max, normalize=normalize,
+                            **dict(policies or {}))
     out = {}
     for split, f in frames.items():
         data, stats = schema.transform_with_stats(f)
@@ -361,6 +409,23 @@ def _finish(name: str, frames: dict[str, pl.DataFrame], columns: ColumnMap, labe
             log.info("%s %s: out-of-vocabulary rows per categorical %s", name, split, stats["oov"])
         out[split] = data
     return Splits(out["train"], out["val"], out["test"], schema)
+
+
+def _given_schema(schema: Schema | Mapping | None, columns: ColumnMap, where: str) -> Schema | None:
+    """A trained model's schema for a source that scores data with it (features must match).
+
+    The source reads with its own column map (files may name roles differently), but the model's
+    features, vocabularies, scaler, label range and value policies are the schema's.
+    """
+    schema = Schema.coerce(schema)
+    if schema is None:
+        return None
+    if list(columns.numeric) != list(schema.numeric) or \
+            list(columns.categorical) != list(schema.categorical):
+        raise ValueError(f"{where}: the data's features differ from the model's: numeric "
+                         f"{list(columns.numeric)} vs {list(schema.numeric)}, categorical "
+                         f"{list(columns.categorical)} vs {list(schema.categorical)}")
+    return dataclasses.replace(schema, columns=columns)
 
 
 _DEFAULT_SPLIT = {"by": "time", "val": 0.1, "test": 0.2, "key": "session"}
@@ -379,13 +444,20 @@ class SimulatedSource:
 
     Args:
         split: ``{"by": "time"|"hash", "val": 0.1, "test": 0.2, "key": "session"}`` (default).
+        label_max: 1 (clicks are binary; present so every source config states it).
+        schema: a trained model's schema (or its dict) to read the data with instead of fitting
+            one on train (exports and evaluations of a checkpoint).
         **simulator: keyword arguments of :func:`~hybridrank.simulate.simulate_clicklog`.
     """
 
-    label_max = 1.0
-
-    def __init__(self, *, split: Mapping | None = None, **simulator):
+    def __init__(self, *, split: Mapping | None = None, schema: Schema | Mapping | None = None,
+                 label_max: float = 1.0, **simulator):
+        if float(label_max) != 1.0:
+            raise ValueError(f"SimulatedSource: simulated clicks are binary, label_max must be 1, "
+                             f"got {label_max}")
+        self.label_max = 1.0
         self.split = _split_args(split)
+        self.schema = _given_schema(schema, SIM_COLUMNS_MAP, "SimulatedSource")
         self.simulator = dict(simulator)
         try:  # fail at construction on a misspelled simulator argument, not at load time
             inspect.signature(simulate_clicklog).bind(**self.simulator)
@@ -393,11 +465,12 @@ class SimulatedSource:
             raise TypeError(f"SimulatedSource: {e}") from None
 
     def load(self) -> Splits:
-        frame = validate_frame(simulate_clicklog(**self.simulator), SIM_COLUMNS_MAP,
-                               label_max=self.label_max, name="simulated")
+        frame = simulate_clicklog(**self.simulator)
+        frame = (self.schema.validate(frame, "simulated") if self.schema is not None else
+                 validate_frame(frame, SIM_COLUMNS_MAP, label_max=self.label_max, name="simulated"))
         parts = split_frame(frame, SIM_COLUMNS_MAP, **self.split)
         return _finish("simulated", dict(zip(("train", "val", "test"), parts)), SIM_COLUMNS_MAP,
-                       self.label_max)
+                       self.label_max, schema=self.schema)
 
 
 def _feature_names(frame: pl.DataFrame) -> list[str]:
@@ -417,13 +490,19 @@ class LetorSource:
             features are padded with zero columns: absent LibSVM features are 0).
         normalize: standardise features with train mean / std (MSLR needs it; MQ2008 is already
             query-level normalised to [0, 1], standardising does no harm).
+        schema: a trained model's schema (or its dict): its width, scaler and label range are
+            used instead of fitting on train.
     """
 
     def __init__(self, train: str | Path | Sequence[str | Path],
                  val: str | Path | Sequence[str | Path] | None,
                  test: str | Path | Sequence[str | Path], label_max: float,
                  n_features: int | None = None, normalize: bool = True,
-                 val_fraction: float = 0.2, seed: int = 0):
+                 val_fraction: float = 0.2, seed: int = 0,
+                 schema: Schema | Mapping | None = None):
+        self.schema = Schema.coerce(schema)
+        if self.schema is not None:
+            n_features, label_max = len(self.schema.numeric), self.schema.label_max
         def as_list(p):
             if p is None:
                 return None
@@ -458,7 +537,9 @@ class LetorSource:
             frames["train"], frames["val"] = tr, va
         frames = {k: frames[k] for k in ("train", "val", "test")}
         name = f"letor({Path(str(self.paths['train'][0])).parent.name})"
-        return _finish(name, frames, columns, self.label_max, normalize=self.normalize)
+        schema = _given_schema(self.schema, columns, name)
+        return _finish(name, frames, columns, self.label_max, normalize=self.normalize,
+                       schema=schema)
 
 
 class ClickLogSource:
@@ -475,25 +556,32 @@ class ClickLogSource:
             first) or ``"keep"`` (:func:`~hybridrank.readers.validate_frame`).
         max_request_span: seconds; a request id whose rows lie further apart in time is an error
             (a reused id); None keeps them as one request.
+        schema: a trained model's schema (or its dict): read with its scaler, vocabularies, label
+            range and value policies (which then replace the four above) instead of fitting.
+
+    The value policies are recorded in the fitted :class:`Schema`, so they travel with a trained
+    model and apply again when it scores new files.
     """
 
     def __init__(self, path: str | Path, columns: Mapping, split: Mapping | None = None,
                  label_max: float = 1, nan_policy: str = "error", fill_value: float = 0.0,
-                 duplicates: str = "error", max_request_span: float | None = 3600):
+                 duplicates: str = "error", max_request_span: float | None = MAX_REQUEST_SPAN,
+                 schema: Schema | Mapping | None = None):
         self.path = path
-        self.columns = ColumnMap.from_dict(columns)
+        self.columns = columns if isinstance(columns, ColumnMap) else ColumnMap.from_dict(columns)
         self.split = _split_args(split)
         self.label_max = float(label_max)
-        self.nan_policy = nan_policy
-        self.fill_value = float(fill_value)
-        self.duplicates, self.max_request_span = duplicates, max_request_span
+        self.policies = {"nan_policy": nan_policy, "fill_value": float(fill_value),
+                         "duplicates": duplicates, "max_request_span": max_request_span}
+        self.schema = _given_schema(schema, self.columns, str(path))
+        if self.schema is not None:
+            if self.schema.policies != self.policies:
+                log.info("%s: reading with the model's value policies %s", path, self.schema.policies)
+            self.policies, self.label_max = self.schema.policies, self.schema.label_max
 
     def load(self) -> Splits:
         frame = validate_frame(read_clicklog(self.path, self.columns), self.columns,
-                               label_max=self.label_max, nan_policy=self.nan_policy,
-                               fill_value=self.fill_value, name=str(self.path),
-                               duplicates=self.duplicates,
-                               max_request_span=self.max_request_span)
+                               label_max=self.label_max, name=str(self.path), **self.policies)
         parts = split_frame(frame, self.columns, **self.split)
         return _finish(str(self.path), dict(zip(("train", "val", "test"), parts)), self.columns,
-                       self.label_max)
+                       self.label_max, schema=self.schema, policies=self.policies)

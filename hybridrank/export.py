@@ -21,10 +21,8 @@ import datetime as _dt
 import hashlib
 import json
 import logging
-import os
-import tempfile
 import warnings
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -33,15 +31,13 @@ import polars as pl
 import torch
 from torch import nn
 
+from .atomic import atomic_path, check_writable
 from .calibration import Calibrator, IdentityCalibrator
 from .lists import ListData
 
 __all__ = [
-    "META_KEYS", "sha256_file", "atomic_path", "check_writable", "load_ranker", "check_schema",
-    "PortableRanker", "export_torchscript", "export_onnx", "score_data", "predict_outputs",
-    "click_logits", "ranks_within_requests",
-    "slice_requests", "request_chunks", "check_bids", "ScoreWriter", "read_scores",
-    "build_metadata",
+    "META_KEYS", "sha256_file", "PortableRanker", "export_torchscript", "export_onnx",
+    "score_frame", "ranks_within_requests", "ScoreWriter", "read_scores", "build_metadata",
 ]
 
 log = logging.getLogger(__name__)
@@ -50,12 +46,9 @@ log = logging.getLogger(__name__)
 META_KEYS = ("hybridrank_version", "checkpoint_sha256", "checkpoint_path", "config", "calibrator",
              "neg_keep_rate", "correction_applied", "created_at")
 _JSON_KEYS = ("config", "calibrator", "correction", "scored", "calibration_fit", "columns",
-              "n_rows")
+              "n_rows", "export_config")
 
 
-# ----------------------------------------------------------------------------------------------
-# Files
-# ----------------------------------------------------------------------------------------------
 def sha256_file(path: str | Path, block: int = 1 << 20) -> str:
     """Hex SHA-256 of a file, read in blocks."""
     h = hashlib.sha256()
@@ -65,186 +58,36 @@ def sha256_file(path: str | Path, block: int = 1 << 20) -> str:
     return h.hexdigest()
 
 
-def check_writable(path: str | Path) -> Path:
-    """Create the parent directory if needed and check a file can be written at ``path``.
-
-    Raises:
-        ValueError: ``path`` is a directory, or its directory cannot be created or written.
-    """
-    path = Path(path)
-    if path.is_dir():
-        raise ValueError(f"output path {str(path)!r} is a directory; give a file name")
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise ValueError(f"output path {str(path)!r} is not writable: cannot create its directory "
-                         f"({e.strerror})") from None
-    denied = path.exists() and not os.access(path, os.W_OK)
-    if denied or not os.access(path.parent, os.W_OK | os.X_OK):
-        raise ValueError(f"output path {str(path)!r} is not writable (no write permission on "
-                         f"{str(path.parent)!r})")
-    return path
-
-
-@contextlib.contextmanager
-def atomic_path(path: str | Path) -> Iterator[Path]:
-    """Yield a temporary path next to ``path``; on success move it onto ``path`` atomically.
-
-    The temporary file sits in the same directory (``os.replace`` is atomic only within one file
-    system), is flushed to disk before the move, and is removed if the body raises, in which case
-    an existing ``path`` is left exactly as it was.
-
-    >>> import tempfile, pathlib
-    >>> d = pathlib.Path(tempfile.mkdtemp())
-    >>> with atomic_path(d / "x.txt") as tmp:
-    ...     _ = tmp.write_text("hello")
-    >>> (d / "x.txt").read_text(), sorted(p.name for p in d.iterdir())
-    ('hello', ['x.txt'])
-    """
-    path = check_writable(path)
-    fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    tmp = Path(name)
-    try:
-        yield tmp
-        with open(tmp, "rb+") as f:
-            os.fsync(f.fileno())
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp files are private; exports are meant to be read
-        os.replace(tmp, path)
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            tmp.unlink()
-
-
-# ----------------------------------------------------------------------------------------------
-# Checkpoints
-# ----------------------------------------------------------------------------------------------
-def _load_checkpoint(path: Path) -> dict:
-    try:
-        return torch.load(path, map_location="cpu", weights_only=True)
-    except Exception:  # noqa: BLE001 - older Lightning checkpoints pickle more than tensors
-        log.debug("weights_only load of %s failed; loading the full pickle (trusted file)", path)
-        return torch.load(path, map_location="cpu", weights_only=False)
-
-
-def load_ranker(ckpt_path: str | Path):
-    """Rebuild a trained :class:`~hybridrank.module.HybridRanker` from a Lightning checkpoint.
-
-    The checkpoint's hyper-parameters hold ``config`` (the resolved run config) and ``schema``
-    (:meth:`hybridrank.data.Schema.to_dict`); scorer and loss are rebuilt with
-    ``hydra.utils.instantiate`` from ``config["model"]`` / ``config["loss"]`` with the sizes the
-    schema implies (as ``hybridrank.cli.build`` does), then the state dict is loaded strictly.
-
-    Returns:
-        ``(module, config, schema)``: the module in eval mode on CPU, and the two dicts. The
-        module also gets ``checkpoint_path`` and ``checkpoint_sha256`` attributes.
-
-    Raises:
-        FileNotFoundError: no such file. ValueError: not a hybridrank checkpoint, or weights that
-        do not fit the rebuilt scorer.
-    """
-    import hydra
-
-    from .module import HybridRanker
-
-    path = Path(ckpt_path)
-    if not path.is_file():
-        raise FileNotFoundError(f"checkpoint not found: {path}")
-    ckpt = _load_checkpoint(path)
-    hp = dict(ckpt.get("hyper_parameters") or {})
-    missing = [k for k in ("config", "schema") if not hp.get(k)]
-    if missing or "state_dict" not in ckpt:
-        raise ValueError(f"{path} is not a hybridrank checkpoint: hyper-parameters {missing} "
-                         f"missing (it must be written by HybridRanker via ModelCheckpoint)")
-    config, schema = dict(hp["config"]), dict(hp["schema"])
-    loss = hydra.utils.instantiate(config["loss"])
-    scorer = hydra.utils.instantiate(
-        config["model"], n_numeric=len(schema["numeric"]),
-        vocab_sizes=[len(schema["vocab"][c]) for c in schema["categorical"]],
-        n_outputs=loss.n_outputs, base_rate=None,
-    )
-    if not isinstance(scorer, nn.Module) and callable(scorer):  # `_partial_: true` model nodes
-        scorer = scorer()
-    module = HybridRanker(scorer, loss, metrics=hp.get("metrics"), schema=schema, config=config,
-                          neg_keep_rate=float(hp.get("neg_keep_rate", 1.0)))
-    try:
-        module.load_state_dict(ckpt["state_dict"], strict=True)
-    except RuntimeError as e:
-        raise ValueError(f"{path}: the weights do not fit the scorer rebuilt from the checkpoint's "
-                         f"config and schema: {e}") from None
-    module.eval()
-    module.checkpoint_path = str(path.resolve())
-    module.checkpoint_sha256 = sha256_file(path)
-    module.loss_reweighted = bool(hp.get("neg_weighted", True))
-    return module, config, schema
-
-
-def check_schema(expected: Mapping[str, Any], actual: Mapping[str, Any], *,
-                 where: str = "the data") -> None:
-    """Refuse data whose feature schema differs from the checkpoint's.
-
-    Compares numeric and categorical feature names (and order), vocabulary sizes and contents
-    (codes are positions in the vocabulary, so equal sizes with other contents are just as wrong)
-    and the numeric scaler.
-
-    Raises:
-        ValueError: listing every difference.
-    """
-    problems = []
-    for kind in ("numeric", "categorical"):
-        a, b = list(expected[kind]), list(actual[kind])
-        if a != b:
-            problems.append(f"{kind} features differ: checkpoint {a} vs {where} {b}")
-    for c in expected["categorical"]:
-        if c not in actual["vocab"]:
-            continue
-        va, vb = list(expected["vocab"][c]), list(actual["vocab"][c])
-        if len(va) != len(vb):
-            problems.append(f"vocabulary size of {c!r}: {len(va)} in the checkpoint vs {len(vb)} "
-                            f"in {where}")
-        elif va != vb:
-            i = next(i for i, (x, y) in enumerate(zip(va, vb)) if x != y)
-            problems.append(f"vocabulary of {c!r} differs at code {i + 1}: {va[i]!r} vs {vb[i]!r}")
-    if list(expected["numeric"]) == list(actual["numeric"]):
-        for key in ("mean", "std"):
-            a, b = np.asarray(expected[key], float), np.asarray(actual[key], float)
-            if a.shape != b.shape or not np.allclose(a, b, rtol=1e-6, atol=1e-9):
-                problems.append(f"numeric scaler ({key}) differs from the checkpoint's")
-    if problems:
-        raise ValueError(f"the checkpoint was trained on a different feature schema than {where}: "
-                         + "; ".join(problems))
-
-
 # ----------------------------------------------------------------------------------------------
 # Portable models
 # ----------------------------------------------------------------------------------------------
 class PortableRanker(nn.Module):
-    """Scorer + click logit + downsampling shift + calibrator + sigmoid, nothing else.
+    """The serving path of a trained model + downsampling shift + calibrator, nothing else.
 
-    ``forward(num [B, F] float32, cat [B, C] int64) -> pctr [B]``. Holds no loss, optimizer or
-    Lightning state: it is what an auction server runs.
+    ``forward(num [B, F] float32, cat [B, C] int64) -> pctr [B]``: the model's serving path
+    (:func:`hybridrank.module.serve`: scorer, then the loss's click logit, exactly what
+    :meth:`~hybridrank.module.HybridRanker.predict` runs), plus ``shift``, through the
+    calibrator. Holds no optimizer, metric or Lightning state: it is what an auction server runs.
 
     Args:
-        scorer: the trained scorer (or a ``HybridRanker``, whose ``.scorer`` is taken); copied.
+        model: the trained :class:`~hybridrank.module.HybridRanker` (its scorer and loss are
+            copied).
         calibrator: a fitted :class:`~hybridrank.calibration.Calibrator` (default: none).
         shift: logit shift of the downsampling correction (``log w``, or 0).
     """
 
-    def __init__(self, scorer: nn.Module, calibrator: Calibrator | None = None, shift: float = 0.0):
+    def __init__(self, model: nn.Module, calibrator: Calibrator | None = None, shift: float = 0.0):
         super().__init__()
-        scorer = getattr(scorer, "scorer", scorer)
-        self.scorer = copy.deepcopy(scorer).float().eval()
-        self.n_outputs = int(getattr(scorer, "n_outputs", 1))
+        self.scorer = copy.deepcopy(model.scorer).float().eval()
+        self.loss = copy.deepcopy(model.loss)
         self.calibrator = (calibrator or IdentityCalibrator()).module().float()
         self.register_buffer("shift", torch.tensor(float(shift)))
         self.requires_grad_(False)  # inference only
 
     def forward(self, num: torch.Tensor, cat: torch.Tensor) -> torch.Tensor:
-        out = self.scorer(num, cat)
-        z = out[:, 1] - out[:, 0] if self.n_outputs == 2 else out[:, 0]
-        return self.calibrator(z + self.shift)
+        from .module import serve
+
+        return self.calibrator(serve(self.scorer, self.loss, num, cat)[0] + self.shift)
 
 
 def _example_inputs(model: PortableRanker, batch: int = 3) -> tuple[torch.Tensor, torch.Tensor]:
@@ -256,14 +99,14 @@ def _example_inputs(model: PortableRanker, batch: int = 3) -> tuple[torch.Tensor
             torch.zeros(batch, n_cat, dtype=torch.long))
 
 
-def export_torchscript(module: nn.Module, calibrator: Calibrator | None, path: str | Path, *,
+def export_torchscript(model: nn.Module, calibrator: Calibrator | None, path: str | Path, *,
                        shift: float = 0.0, example: tuple | None = None) -> Path:
-    """Trace a :class:`PortableRanker` to TorchScript and save it atomically.
+    """Trace the :class:`PortableRanker` of a trained model to TorchScript; save it atomically.
 
     Load with ``torch.jit.load(path)(num, cat) -> pctr``. Tracing records the scorer's tensor
     operations; the batch size stays free (no shape-dependent control flow in the scorers).
     """
-    model = PortableRanker(module, calibrator, shift).eval()
+    model = PortableRanker(model, calibrator, shift).eval()
     example = example or _example_inputs(model)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # torch.jit deprecation notices
@@ -273,14 +116,15 @@ def export_torchscript(module: nn.Module, calibrator: Calibrator | None, path: s
     return Path(path)
 
 
-def export_onnx(module: nn.Module, calibrator: Calibrator | None, path: str | Path, *,
+def export_onnx(model: nn.Module, calibrator: Calibrator | None, path: str | Path, *,
                 shift: float = 0.0, example: tuple | None = None, opset: int = 17) -> Path:
-    """Export a :class:`PortableRanker` to ONNX (inputs ``num``, ``cat``; output ``pctr``).
+    """Export the :class:`PortableRanker` of a trained model to ONNX (inputs ``num``, ``cat``;
+    output ``pctr``).
 
     The batch axis is dynamic. Uses the TorchScript-based exporter (``dynamo=False``), which needs
     no extra package; isotonic calibrators export their knot lookup as comparisons.
     """
-    model = PortableRanker(module, calibrator, shift).eval()
+    model = PortableRanker(model, calibrator, shift).eval()
     example = example or _example_inputs(model)
     axes = {"num": {0: "batch"}, "cat": {0: "batch"}, "pctr": {0: "batch"}}
     with warnings.catch_warnings(), atomic_path(path) as tmp:
@@ -294,44 +138,6 @@ def export_onnx(module: nn.Module, calibrator: Calibrator | None, path: str | Pa
 # ----------------------------------------------------------------------------------------------
 # Scoring
 # ----------------------------------------------------------------------------------------------
-def request_chunks(lengths: np.ndarray, chunk_rows: int) -> list[tuple[int, int]]:
-    """Consecutive request ranges ``[r0, r1)`` of at most ``chunk_rows`` impressions each.
-
-    A request longer than ``chunk_rows`` gets a chunk of its own (requests are never cut).
-    """
-    lengths = np.asarray(lengths, dtype=np.int64)
-    cum = np.concatenate([[0], np.cumsum(lengths)])
-    out, r = [], 0
-    while r < lengths.size:
-        e = int(np.searchsorted(cum, cum[r] + chunk_rows, side="right")) - 1
-        e = max(e, r + 1)
-        out.append((r, e))
-        r = e
-    return out
-
-
-def slice_requests(data: ListData, r0: int, r1: int) -> ListData:
-    """Requests ``r0:r1`` of a split as their own :class:`ListData` (views, no copies)."""
-    s, e = int(data.offsets[r0]), int(data.offsets[r1])
-
-    def rows(t):
-        return None if t is None else t[s:e]
-
-    def keys(k, a, b):
-        if k is None:
-            return None
-        return k.slice(a, b - a) if isinstance(k, pl.Series) else k[a:b]
-
-    return ListData(
-        num=data.num[s:e], cat=data.cat[s:e], label=data.label[s:e],
-        offsets=data.offsets[r0:r1 + 1] - s,
-        scope={k: v[r0:r1] for k, v in data.scope.items()},
-        position=rows(data.position), bid=rows(data.bid), true_p=rows(data.true_p),
-        request_key=keys(data.request_key, r0, r1), item_key=keys(data.item_key, s, e),
-        time=None if data.time is None else data.time[r0:r1],
-    )
-
-
 def ranks_within_requests(pctr: np.ndarray, offsets: np.ndarray) -> np.ndarray:
     """``[N]`` 1-based rank of each impression in its request by decreasing pCTR.
 
@@ -350,59 +156,24 @@ def ranks_within_requests(pctr: np.ndarray, offsets: np.ndarray) -> np.ndarray:
     return rank
 
 
-def check_bids(bid: torch.Tensor | np.ndarray | None, *, where: str = "the data") -> None:
-    """Refuse negative, NaN or infinite bids, naming the count and the first offending row."""
-    if bid is None:
-        return
-    b = np.asarray(bid, dtype=np.float64)
-    bad = ~np.isfinite(b) | (b < 0)
-    if bad.any():
-        i = int(np.flatnonzero(bad)[0])
-        raise ValueError(f"{where}: {int(bad.sum())} bid(s) negative, NaN or infinite; first "
-                         f"{b[i]!r} at row {i + 1}")
-
-
 @torch.no_grad()
-def predict_outputs(scorer: nn.Module, data: ListData, *, batch: int = 65536) -> torch.Tensor:
-    """``[N, n_outputs]`` float32 raw scorer outputs of a split, in storage order, in eval mode."""
-    scorer = getattr(scorer, "scorer", scorer)
-    was_training = scorer.training
-    scorer.eval()
-    try:
-        device = next(scorer.parameters()).device
-        outs = [scorer(data.num[s:s + batch].to(device), data.cat[s:s + batch].to(device))
-                .float().cpu() for s in range(0, data.n_impressions, batch)]
-    finally:
-        scorer.train(was_training)
-    n_out = int(getattr(scorer, "n_outputs", 1))
-    return torch.cat(outs) if outs else torch.zeros(0, n_out)
-
-
-def click_logits(scorer: nn.Module, data: ListData, *, batch: int = 65536) -> torch.Tensor:
-    """``[N]`` click logits (``z1 - z0`` for two outputs) of a split, in storage order."""
-    out = predict_outputs(scorer, data, batch=batch)
-    return out[:, 1] - out[:, 0] if out.shape[1] == 2 else out[:, 0]
-
-
-@torch.no_grad()
-def score_data(scorer: nn.Module, data: ListData, calibrator: Calibrator | None = None, *,
-               shift: float = 0.0, labels: bool = True, batch: int = 65536) -> pl.DataFrame:
-    """Score a split (or a chunk of whole requests) into the export's rows.
+def score_frame(model: nn.Module, data: ListData, calibrator: Calibrator | None = None, *,
+                shift: float = 0.0, labels: bool = True) -> pl.DataFrame:
+    """Score whole requests into the export's rows (``docs/EXPORT.md``).
 
     Args:
-        scorer: the scorer (or a ``HybridRanker``); run in eval mode, in batches of ``batch``.
-        data: whole requests.
+        model: the trained :class:`~hybridrank.module.HybridRanker`; scored with
+            :meth:`~hybridrank.module.HybridRanker.predict_split` (the one scoring path).
+        data: whole requests (a split or a chunk of one).
         calibrator: applied to ``logit + shift``; default none.
         shift: downsampling-correction logit shift (``log w``) or 0.
-        labels: include the ``label`` column.
+        labels: include the ``label`` column (and ``p_true`` when the data carries it).
 
     Returns:
-        One row per impression in storage order (see ``docs/EXPORT.md`` for the columns).
+        One row per impression in storage order.
     """
     calibrator = calibrator or IdentityCalibrator()
-    out = predict_outputs(scorer, data, batch=batch)
-    n_out = out.shape[1]
-    logit = out[:, 1] - out[:, 0] if n_out == 2 else out[:, 0]
+    logit, out = model.predict_split(data)
     pctr = calibrator.predict_proba(logit.double() + shift).numpy()
     offsets = data.offsets.numpy()
     req = np.repeat(np.arange(data.n_requests), np.diff(offsets))
@@ -419,8 +190,10 @@ def score_data(scorer: nn.Module, data: ListData, calibrator: Calibrator | None 
         cols["position"] = data.position.numpy()
     if labels:
         cols["label"] = data.label.numpy()
+        if data.true_p is not None:
+            cols["p_true"] = data.true_p.double().numpy()
     cols["logit"] = logit.numpy()
-    if n_out == 2:
+    if out.shape[1] == 2:
         cols["logit0"], cols["logit1"] = out[:, 0].numpy(), out[:, 1].numpy()
     cols["pctr"] = pctr
     cols["rank"] = ranks_within_requests(pctr, offsets)

@@ -17,9 +17,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields, replace
 
+import numpy as np
 import torch
 
-__all__ = ["ListData", "Batch", "pad_index", "lengths_to_offsets", "gather_lists"]
+__all__ = ["ListData", "Batch", "pad_index", "lengths_to_offsets", "gather_lists", "pack",
+           "slice_requests"]
 
 
 @dataclass
@@ -70,6 +72,13 @@ class ListData:
         """``[N]`` request index of every impression."""
         return torch.repeat_interleave(torch.arange(self.n_requests), self.lengths)
 
+    def chunks(self, max_rows: int):
+        """Yield consecutive pieces of whole requests of at most ``max_rows`` impressions each
+        (a longer request is a piece of its own), as :func:`slice_requests` views."""
+        bounds = pack(self.lengths.numpy(), max_rows)
+        for r0, r1 in zip(bounds[:-1], bounds[1:]):
+            yield slice_requests(self, int(r0), int(r1))
+
 
 @dataclass
 class Batch:
@@ -79,8 +88,10 @@ class Batch:
         num, cat, label: flat ``[B, F]``, ``[B, C]``, ``[B]`` impressions of the batch.
         index, mask: ``[G, L]`` request lists (what metrics rank).
         rank_index, rank_mask: ``[G', L']`` rank lists (what the ranking loss sees).
-        weight: ``[B]`` per-impression weight (1 / keep-rate for down-sampled negatives), or None.
         rows: ``[B]`` row numbers in the split (for exports and tests).
+        request: ``[B]`` index of each impression's request list in the batch (rows of one request
+            adjacent, non-decreasing): what list-aware scorers attend within.
+        weight: ``[B]`` per-impression weight (1 / keep-rate for down-sampled negatives), or None.
         position: ``[B]`` positions, or None.
     """
 
@@ -92,6 +103,7 @@ class Batch:
     rank_index: torch.Tensor
     rank_mask: torch.Tensor
     rows: torch.Tensor
+    request: torch.Tensor | None = None
     weight: torch.Tensor | None = None
     position: torch.Tensor | None = None
 
@@ -137,3 +149,55 @@ def gather_lists(flat: torch.Tensor, index: torch.Tensor, mask: torch.Tensor, fi
     out = flat[index]
     m = mask.reshape(mask.shape + (1,) * (out.dim() - mask.dim()))
     return out.masked_fill(~m, fill)
+
+
+def pack(sizes, budget: int) -> np.ndarray:
+    """Greedy packing of consecutive items into groups of total size at most ``budget``.
+
+    The one whole-request chunker: the sampler packs pooling units into batches, exports and
+    streaming cut requests into chunks with it. An item larger than ``budget`` forms a group of
+    its own (items are never cut). One binary search per group, no loop over items.
+
+    Args:
+        sizes: ``[n]`` non-negative sizes (impressions per request or unit), in order.
+        budget: the largest total size of a group (``>= 1``).
+
+    Returns:
+        ``[k + 1]`` int64 group bounds: group ``j`` holds items ``bounds[j]:bounds[j + 1]``.
+
+    >>> pack([3, 2, 4, 1, 9, 1], 5).tolist()
+    [0, 2, 3, 4, 5, 6]
+    """
+    if budget < 1:
+        raise ValueError(f"pack: budget must be >= 1, got {budget}")
+    sizes = np.asarray(sizes, dtype=np.int64)
+    cum = np.concatenate([[0], np.cumsum(sizes)])
+    bounds = [0]
+    n = sizes.shape[0]
+    while bounds[-1] < n:
+        s = bounds[-1]
+        e = int(np.searchsorted(cum, cum[s] + budget, side="right")) - 1
+        bounds.append(max(e, s + 1))
+    return np.asarray(bounds, dtype=np.int64)
+
+
+def slice_requests(data: ListData, r0: int, r1: int) -> ListData:
+    """Requests ``r0:r1`` of a split as their own :class:`ListData` (views, no copies)."""
+    s, e = int(data.offsets[r0]), int(data.offsets[r1])
+
+    def rows(t):
+        return None if t is None else t[s:e]
+
+    def keys(k, a, b):
+        if k is None:
+            return None
+        return k.slice(a, b - a) if hasattr(k, "slice") else k[a:b]
+
+    return ListData(
+        num=data.num[s:e], cat=data.cat[s:e], label=data.label[s:e],
+        offsets=data.offsets[r0:r1 + 1] - s,
+        scope={k: v[r0:r1] for k, v in data.scope.items()},
+        position=rows(data.position), bid=rows(data.bid), true_p=rows(data.true_p),
+        request_key=keys(data.request_key, r0, r1), item_key=keys(data.item_key, s, e),
+        time=None if data.time is None else data.time[r0:r1],
+    )

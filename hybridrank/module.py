@@ -1,84 +1,221 @@
-"""The ``LightningModule``: scorer + :class:`~hybridrank.losses.HybridLoss` + metrics per stage.
+"""The ``LightningModule``: it builds its scorer, owns the loss, and is the one scoring path.
 
-One shared step: score the flat impressions of a batch, gather the scores into the rank lists for
-the loss and into the request lists for the metrics. Everything downstream of the scorer (metrics,
-export) uses the click logit ``click_logit(out)``.
+:class:`HybridRanker` receives its parts as configs (what ``conf/model`` holds: ``scorer``,
+``loss``, ``optimizer``, ``scheduler``, ``metrics``) plus ``data``, what it was trained on (the
+:class:`~hybridrank.data.Schema` with its value policies, the base rate, the negative keep rate).
+It builds the scorer itself from the schema's feature sizes and ``loss.n_outputs`` and keeps all of
+it in its hyper-parameters, so ``HybridRanker.load_from_checkpoint(path)`` is the one way to get a
+trained model back, with nothing else to pass.
+
+Scoring (one path for everything downstream of the scorer): :meth:`HybridRanker.predict` maps flat
+impressions to the click logit (and the raw outputs: both logits of a two-output JRC head);
+``forward`` is its click logit, :meth:`HybridRanker.predict_split` runs it over a split in chunks of
+whole requests. Validation and test metrics, exports, portable (TorchScript / ONNX) models and the
+benchmarks all call these; the click logit of raw outputs is :meth:`HybridLoss.click_logit`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+import hydra
 import pytorch_lightning as pl
 import torch
+from omegaconf import DictConfig, ListConfig, OmegaConf
 from torch import nn
 
-from .lists import Batch, gather_lists
-from .losses import HybridLoss, click_logit
+from .lists import Batch, ListData, gather_lists, pad_index
+from .losses import HybridLoss
 from .metrics import ListMetrics
 
-__all__ = ["HybridRanker"]
+__all__ = ["HybridRanker", "serve", "evaluate_logits", "evaluate_chunks"]
+
+#: Keys of the ``data`` hyper-parameter (what a model was trained on).
+DATA_KEYS = ("schema", "base_rate", "neg_keep_rate", "reweight_negatives")
+
+
+def serve(scorer: nn.Module, loss: HybridLoss, num: torch.Tensor, cat: torch.Tensor,
+          request: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The serving path, written once: raw scorer outputs and the loss's click logit of them.
+
+    :meth:`HybridRanker.predict` and the portable (TorchScript / ONNX) models both call it.
+
+    Returns:
+        ``(logit [B], outputs [B, n_outputs])``.
+    """
+    out = scorer(num, cat, request)
+    return loss.click_logit(out), out
+
+
+def _plain(node: Any) -> Any:
+    """A DictConfig / ListConfig as plain containers (resolved); anything else as it is."""
+    if isinstance(node, DictConfig | ListConfig):
+        return OmegaConf.to_container(node, resolve=True)
+    return node
+
+
+def _is_plain(v: Any) -> bool:
+    """Plain data (what a checkpoint can hold and ``weights_only`` loading can read back)."""
+    if v is None or isinstance(v, str | int | float | bool):
+        return True
+    if isinstance(v, Mapping):
+        return all(isinstance(k, str) and _is_plain(x) for k, x in v.items())
+    if isinstance(v, list | tuple):
+        return all(_is_plain(x) for x in v)
+    return False
+
+
+def _is_config(node: Any) -> bool:
+    return isinstance(node, Mapping) and "_target_" in node
+
+
+def _build(node: Any, what: str) -> Any:
+    """Instantiate a ``_target_`` config; pass anything else (an object, a callable) through."""
+    if _is_config(node):
+        return hydra.utils.instantiate(node, _convert_="all")
+    if isinstance(node, Mapping):
+        raise ValueError(f"{what}: a config mapping needs a _target_, got keys {sorted(node)}")
+    return node
 
 
 class HybridRanker(pl.LightningModule):
-    """Trains a scorer with a weighted pointwise + ranking loss and reports NDCG and calibration.
+    """Trains a scorer with a weighted pointwise + ranking loss; reports NDCG and calibration.
 
     Args:
-        scorer: maps ``(num [B, F], cat [B, C])`` to ``[B, loss.n_outputs]`` logits.
-        loss: the hybrid loss.
-        optimizer: a partial taking the parameters (hydra ``_partial_: true``).
-        scheduler: optional partial taking the optimizer.
-        metrics: keyword arguments of :class:`~hybridrank.metrics.ListMetrics`.
-        schema: the data schema as a dict (feature names, vocabularies, scaler), kept in checkpoints.
-        config: the resolved run config, kept in checkpoints so exports can rebuild the scorer.
-        neg_keep_rate: share of negatives the training sampler kept (1.0: none dropped).
-        neg_weighted: whether kept negatives were re-weighted by 1 / keep-rate in the loss (then
-            the scores need no down-sampling correction at export; see docs/EXPORT.md).
-        monitor: the metric a scheduler steps on (e.g. ``val/logloss``).
+        scorer: the scorer config (``_target_`` + ``_partial_: true`` + options; built with
+            ``n_numeric``, ``vocab_sizes`` from ``data["schema"]``, ``n_outputs=loss.n_outputs``
+            and ``base_rate``), or a factory taking those keywords, or a built ``nn.Module``.
+        loss: a :class:`~hybridrank.losses.HybridLoss` config, or the loss itself.
+        optimizer: a config / partial taking the parameters (default Adam, lr 1e-3).
+        scheduler: optional config / partial taking the optimizer.
+        metrics: :class:`~hybridrank.metrics.ListMetrics` config (``_target_`` optional) or its
+            keyword arguments: the conventions of every metric the model reports.
+        data: what the model is trained on: ``schema`` (:meth:`Schema.to_dict`, value policies
+            included), ``base_rate`` (train click rate, starts the output bias),
+            ``neg_keep_rate`` (share of negatives the sampler kept) and ``reweight_negatives``
+            (whether kept negatives were weighted ``1 / keep rate`` in the loss: then exports need
+            no down-sampling correction, docs/EXPORT.md).
+        config: the resolved run config, kept for provenance (exports copy it into their metadata).
+        monitor: the metric a scheduler steps on.
+
+    Built from configs (as ``hybridrank-train`` does), a checkpoint is self-contained:
+    ``HybridRanker.load_from_checkpoint(path)``. Parts given as Python objects are not stored;
+    pass them again to ``load_from_checkpoint`` (Lightning's rule for non-serialisable arguments).
     """
 
-    def __init__(self, scorer: nn.Module, loss: HybridLoss,
-                 optimizer: Callable[..., torch.optim.Optimizer] | None = None,
-                 scheduler: Callable[..., Any] | None = None,
-                 metrics: Mapping[str, Any] | None = None,
-                 schema: Mapping[str, Any] | None = None,
-                 config: Mapping[str, Any] | None = None,
-                 neg_keep_rate: float = 1.0,
-                 neg_weighted: bool = True,
-                 monitor: str = "val/logloss"):
+    def __init__(self, scorer: Any, loss: Any, optimizer: Any = None, scheduler: Any = None,
+                 metrics: Any = None, data: Mapping[str, Any] | None = None,
+                 config: Mapping[str, Any] | None = None, monitor: str = "val/logloss"):
         super().__init__()
-        self.save_hyperparameters(ignore=["scorer", "loss", "optimizer", "scheduler"])
-        n_out = getattr(scorer, "n_outputs", None)
-        if n_out is not None and n_out != loss.n_outputs:
+        args = {"scorer": _plain(scorer), "loss": _plain(loss), "optimizer": _plain(optimizer),
+                "scheduler": _plain(scheduler), "metrics": _plain(metrics),
+                "data": _plain(dict(data)) if data is not None else None,
+                "config": _plain(config), "monitor": monitor}
+        unknown = sorted(set(args["data"] or {}) - set(DATA_KEYS))
+        if unknown:
+            raise ValueError(f"HybridRanker data: unknown keys {unknown}; known {list(DATA_KEYS)}")
+        # configs and plain values are stored; built objects are not (see the class docstring)
+        self.save_hyperparameters({k: v for k, v in args.items() if _is_plain(v)})
+        self.loss: HybridLoss = _build(args["loss"], "loss")
+        if not isinstance(self.loss, HybridLoss):
+            raise ValueError(f"loss must build a hybridrank.losses.HybridLoss, got {type(self.loss)}")
+        self.data_info = dict(args["data"] or {})
+        self.scorer = self._build_scorer(args["scorer"])
+        n_out = getattr(self.scorer, "n_outputs", None)
+        if n_out is not None and n_out != self.loss.n_outputs:
             raise ValueError(
-                f"the loss needs {loss.n_outputs} output(s) per impression but the scorer has {n_out}"
-                " (JRC needs two: build the scorer with n_outputs=loss.n_outputs)"
-            )
-        self.scorer = scorer
-        self.loss = loss
-        self.optimizer_factory = optimizer
-        self.scheduler_factory = scheduler
+                f"the loss needs {self.loss.n_outputs} output(s) per impression but the scorer has "
+                f"{n_out} (JRC needs two: build the scorer with n_outputs=loss.n_outputs)")
+        self.optimizer_factory = _build(args["optimizer"], "optimizer")
+        self.scheduler_factory = _build(args["scheduler"], "scheduler")
+        self.metric_config = dict(args["metrics"] or {})
         self.monitor = monitor
-        metric_kwargs = dict(metrics or {})
-        self.val_metrics = ListMetrics(**metric_kwargs)
-        self.test_metrics = ListMetrics(**metric_kwargs)
+        self.val_metrics = self.new_metrics()
+        self.test_metrics = self.new_metrics()
 
-    def forward(self, num: torch.Tensor, cat: torch.Tensor) -> torch.Tensor:
-        """``[B, n_outputs]`` raw scorer outputs."""
-        return self.scorer(num, cat)
+    # --- construction ---------------------------------------------------------------------------
+    def _build_scorer(self, node: Any) -> nn.Module:
+        if isinstance(node, nn.Module):
+            return node
+        factory = _build(node, "scorer")
+        if isinstance(factory, nn.Module):  # a config without _partial_
+            return factory
+        schema = self.data_info.get("schema")
+        if schema is None:
+            raise ValueError("HybridRanker needs data={'schema': ...} to build its scorer from a "
+                             "config (the feature sizes come from the data)")
+        base = self.data_info.get("base_rate")
+        return factory(n_numeric=len(schema["numeric"]),
+                       vocab_sizes=[len(schema["vocab"][c]) for c in schema["categorical"]],
+                       n_outputs=self.loss.n_outputs,
+                       base_rate=None if base is None else float(base))
 
-    def click_logits(self, batch: Batch) -> torch.Tensor:
-        """``[B]`` pCTR logit of every impression of the batch."""
-        out = self(batch.num, batch.cat)
-        return click_logit(out, n_outputs=out.shape[-1])
+    def new_metrics(self) -> ListMetrics:
+        """A fresh :class:`ListMetrics` with this model's metric conventions."""
+        kwargs = {k: v for k, v in self.metric_config.items() if k not in ("_target_", "_partial_")}
+        return ListMetrics(**kwargs)
 
-    def _outputs(self, batch: Batch) -> torch.Tensor:
-        out = self(batch.num, batch.cat)
-        return out.squeeze(-1) if out.shape[-1] == 1 else out
+    @property
+    def schema(self):
+        """The :class:`~hybridrank.data.Schema` the model reads data with (None if not given)."""
+        from .data import Schema
 
+        return Schema.coerce(self.data_info.get("schema"))
+
+    # --- the one scoring path -------------------------------------------------------------------
+    def predict(self, num: torch.Tensor, cat: torch.Tensor,
+                request: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Score flat impressions.
+
+        Args:
+            num: ``[B, F]`` standardised numeric features. cat: ``[B, C]`` categorical codes.
+            request: ``[B]`` request index of each row (rows of a request adjacent), for
+                list-aware scorers; others ignore it.
+
+        Returns:
+            ``(logit [B], outputs [B, n_outputs])``: the click logit (``σ(logit)`` is the model's
+            pCTR) and the raw scorer outputs (two-output JRC heads: no-click, click).
+        """
+        return serve(self.scorer, self.loss, num, cat, request)
+
+    def forward(self, num: torch.Tensor, cat: torch.Tensor,
+                request: torch.Tensor | None = None) -> torch.Tensor:
+        """``[B]`` click logit: the serving path (what portable exports trace)."""
+        return self.predict(num, cat, request)[0]
+
+    @torch.no_grad()
+    def predict_split(self, data: ListData, *, chunk_rows: int = 65536
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(logit [N], outputs [N, n_outputs])`` of every impression of a split, storage order.
+
+        Runs in eval mode in chunks of whole requests of about ``chunk_rows`` impressions (a
+        list-aware scorer always sees whole requests), on the model's device; float32 on CPU.
+        """
+        was_training = self.training
+        self.eval()
+        device = self.device
+        logits, outs = [], []
+        try:
+            for part in data.chunks(chunk_rows):
+                z, out = self.predict(part.num.to(device), part.cat.to(device),
+                                      part.request_of_row().to(device))
+                logits.append(z.float().cpu())
+                outs.append(out.float().cpu())
+        finally:
+            self.train(was_training)
+        if not logits:
+            return torch.zeros(0), torch.zeros(0, self.loss.n_outputs)
+        return torch.cat(logits), torch.cat(outs)
+
+    def evaluate(self, data: ListData | Iterable[ListData]) -> dict[str, float]:
+        """Metrics of this model on a split (or on chunks of whole requests of one)."""
+        chunks = [data] if isinstance(data, ListData) else data
+        return evaluate_chunks(((c, self.predict_split(c)[0]) for c in chunks), self.new_metrics())
+
+    # --- training and evaluation steps ----------------------------------------------------------
     def training_step(self, batch: Batch, batch_idx: int) -> torch.Tensor:
-        out = self._outputs(batch)
+        _, out = self.predict(batch.num, batch.cat, batch.request)
         logits = gather_lists(out, batch.rank_index, batch.rank_mask)
         labels = gather_lists(batch.label, batch.rank_index, batch.rank_mask)
         weights = None
@@ -91,14 +228,14 @@ class HybridRanker(pl.LightningModule):
             self.log(f"train/loss_{name}", value, batch_size=n)
         return total
 
-    def _eval_step(self, batch: Batch, metrics) -> None:
-        z = self.click_logits(batch).float()
-        logits = gather_lists(z, batch.index, batch.mask)
-        labels = gather_lists(batch.label, batch.index, batch.mask)
+    def _eval_step(self, batch: Batch, metrics: ListMetrics) -> None:
+        z = self(batch.num, batch.cat, batch.request).float()
         positions = None
         if batch.position is not None:
             positions = gather_lists(batch.position, batch.index, batch.mask)
-        metrics.update(logits, labels, batch.mask, positions=positions)
+        metrics.update(gather_lists(z, batch.index, batch.mask),
+                       gather_lists(batch.label, batch.index, batch.mask), batch.mask,
+                       positions=positions)
 
     def validation_step(self, batch: Batch, batch_idx: int) -> None:
         self._eval_step(batch, self.val_metrics)
@@ -106,7 +243,7 @@ class HybridRanker(pl.LightningModule):
     def test_step(self, batch: Batch, batch_idx: int) -> None:
         self._eval_step(batch, self.test_metrics)
 
-    def _log_metrics(self, stage: str, metrics) -> None:
+    def _log_metrics(self, stage: str, metrics: ListMetrics) -> None:
         values = metrics.compute()
         self.log_dict({f"{stage}/{k}": v.float() for k, v in values.items()
                        if isinstance(v, torch.Tensor) and v.numel() == 1})
@@ -119,7 +256,8 @@ class HybridRanker(pl.LightningModule):
         self._log_metrics("test", self.test_metrics)
 
     def configure_optimizers(self):
-        factory = self.optimizer_factory or (lambda params: torch.optim.Adam(params, lr=1e-3))
+        factory: Callable[..., torch.optim.Optimizer] = (
+            self.optimizer_factory or (lambda params: torch.optim.Adam(params, lr=1e-3)))
         opt = factory(self.parameters())
         if self.scheduler_factory is None:
             return opt
@@ -127,30 +265,24 @@ class HybridRanker(pl.LightningModule):
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "monitor": self.monitor}}
 
 
-@torch.no_grad()
-def predict_logits(scorer: nn.Module, data, *, chunk: int = 65536) -> torch.Tensor:
-    """``[N]`` pCTR logits of every impression of a split, in storage order, in chunks."""
-    was_training = scorer.training
-    scorer.eval()
-    device = next(scorer.parameters()).device
-    out = []
-    for s in range(0, data.n_impressions, chunk):
-        num = data.num[s:s + chunk].to(device)
-        cat = data.cat[s:s + chunk].to(device)
-        z = scorer(num, cat)
-        out.append(click_logit(z, n_outputs=z.shape[-1]).float().cpu())
-    scorer.train(was_training)
-    return torch.cat(out) if out else torch.zeros(0)
+def evaluate_chunks(pairs: Iterable[tuple[ListData, torch.Tensor]],
+                    metrics: ListMetrics) -> dict[str, float]:
+    """Metrics of flat logits over chunks of whole requests: ``pairs`` of ``(data, logits [N])``.
 
-
-def evaluate_logits(data, logits: torch.Tensor, **metric_kwargs) -> dict[str, float]:
-    """Metrics of flat ``[N]`` logits on a split, ranking within requests (one-shot)."""
-    from .lists import pad_index
-
-    index, mask = pad_index(data.lengths)
-    metric = ListMetrics(**metric_kwargs)
-    positions = None if data.position is None else gather_lists(data.position, index, mask)
-    metric.update(gather_lists(logits.float(), index, mask), gather_lists(data.label, index, mask),
-                  mask, positions=positions)
-    return {k: float(v) for k, v in metric.compute().items()
+    Requests are ranked within themselves (one-shot over all chunks; the states are sums, so the
+    result equals one update over the whole split). Values are floats; undefined metrics are left
+    out (see :class:`ListMetrics`).
+    """
+    for data, logits in pairs:
+        index, mask = pad_index(data.lengths)
+        positions = None if data.position is None else gather_lists(data.position, index, mask)
+        metrics.update(gather_lists(logits.float(), index, mask),
+                       gather_lists(data.label, index, mask), mask, positions=positions)
+    return {k: float(v) for k, v in metrics.compute().items()
             if isinstance(v, torch.Tensor) and v.numel() == 1}
+
+
+def evaluate_logits(data: ListData, logits: torch.Tensor, **metric_kwargs) -> dict[str, float]:
+    """Metrics of flat ``[N]`` logits on a split, ranking within requests (any model's scores:
+    reference rows, LightGBM in the benchmarks). ``metric_kwargs`` as :class:`ListMetrics`."""
+    return evaluate_chunks([(data, logits)], ListMetrics(**metric_kwargs))

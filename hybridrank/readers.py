@@ -17,9 +17,9 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-__all__ = ["ColumnMap", "read_libsvm", "read_clicklog", "validate_frame", "request_key_expr", "normalize_types",
-           "expand_files",
-           "SOURCE_FILE", "SOURCE_ROW"]
+__all__ = ["ColumnMap", "read_libsvm", "read_clicklog", "scan_clicklog", "validate_frame",
+           "request_key_expr", "normalize_types", "expand_files", "file_kind", "SOURCE_FILE",
+           "SOURCE_ROW"]
 
 log = logging.getLogger(__name__)
 
@@ -453,6 +453,52 @@ def expand_files(path_or_glob: str | Path | list | tuple) -> list[str]:
     return files
 
 
+def file_kind(files: list[str], pattern: str = "") -> str:
+    """``"parquet"`` or ``"csv"`` for a list of click-log files (all of one kind, by suffix)."""
+    kinds = {"parquet" if f.lower().endswith((".parquet", ".pq")) else
+             "csv" if f.lower().endswith((".csv", ".csv.gz")) else f for f in files}
+    unknown = kinds - {"parquet", "csv"}
+    if unknown or len(kinds) != 1:
+        raise ValueError(f"{pattern or files[0]}: click logs must be all .parquet or all .csv, got "
+                         f"{sorted(unknown) or sorted(kinds)}")
+    return kinds.pop()
+
+
+def scan_clicklog(files: list[str], columns: ColumnMap, *, pattern: str = "",
+                  require: list[str] | None = None) -> pl.LazyFrame:
+    """The one click-log scanner: a lazy frame of the mapped columns of parquet or CSV files.
+
+    Adds ``_source_file`` (the file of each row) so later errors can name it. CSV columns of
+    numeric roles are read as text and cast by :func:`normalize_types`, whose errors name the
+    bad value; the other CSV columns are inferred from the first 10,000 rows.
+
+    Args:
+        files: the files (:func:`expand_files`), all parquet or all CSV.
+        columns: the column map; every mapped column is selected.
+        pattern: the user's path or glob, for messages.
+        require: the columns that must exist (default: every mapped column).
+
+    Raises:
+        ValueError: mixed or unknown file kinds; a required column missing (the message lists
+            the columns the file has).
+    """
+    kind = file_kind(files, pattern)
+    if kind == "parquet":
+        lf = pl.scan_parquet(files, include_file_paths=SOURCE_FILE)
+    else:
+        text_roles = [*columns.numeric, columns.label, columns.position, columns.bid,
+                      columns.true_p, columns.time]
+        lf = pl.scan_csv(files, include_file_paths=SOURCE_FILE, infer_schema_length=10_000,
+                         schema_overrides={c: pl.String for c in text_roles if c is not None})
+    existing = [c for c in lf.collect_schema().names() if c != SOURCE_FILE]
+    wanted = columns.source_columns() if require is None else require
+    missing = [c for c in wanted if c not in existing]
+    if missing:
+        raise ValueError(f"{pattern or files[0]}: mapped column(s) {missing} not found; the file "
+                         f"has columns {existing}")
+    return lf.select(*[c for c in columns.source_columns() if c in existing], SOURCE_FILE)
+
+
 def read_clicklog(path_or_glob: str | Path, columns: ColumnMap) -> pl.DataFrame:
     """Read a click log (parquet or CSV by suffix; one file or a glob) selecting mapped columns.
 
@@ -469,42 +515,28 @@ def read_clicklog(path_or_glob: str | Path, columns: ColumnMap) -> pl.DataFrame:
     """
     pattern = str(path_or_glob)
     files = expand_files(pattern)
-    kinds = {"parquet" if f.lower().endswith((".parquet", ".pq")) else
-             "csv" if f.lower().endswith((".csv", ".csv.gz")) else f for f in files}
-    unknown = kinds - {"parquet", "csv"}
-    if unknown or len(kinds) != 1:
-        raise ValueError(f"{pattern}: click logs must be all .parquet or all .csv, got "
-                         f"{sorted(unknown) or sorted(kinds)}")
-    wanted = columns.source_columns()
     try:
-        if kinds == {"parquet"}:
-            lf = pl.scan_parquet(files, include_file_paths=SOURCE_FILE)
-        else:
-            text_roles = [*columns.numeric, columns.label, columns.position, columns.bid,
-                          columns.true_p, columns.time]
-            lf = pl.scan_csv(files, include_file_paths=SOURCE_FILE, infer_schema_length=10_000,
-                             schema_overrides={c: pl.String for c in text_roles if c is not None})
-        existing = [c for c in lf.collect_schema().names() if c != SOURCE_FILE]
-        missing = [c for c in wanted if c not in existing]
-        if missing:
-            raise ValueError(f"{pattern}: mapped column(s) {missing} not found; the file has "
-                             f"columns {existing}")
         frame = (
-            lf.select(*wanted, SOURCE_FILE)
+            scan_clicklog(files, columns, pattern=pattern)
             .with_columns((pl.int_range(pl.len()).over(SOURCE_FILE) + 1).alias(SOURCE_ROW),
                           pl.col(SOURCE_FILE).cast(pl.Categorical))
             .collect()
         )
     except pl.exceptions.PolarsError as e:
-        if kinds == {"csv"} and "utf-8" in str(e).lower():
-            import gzip
-
-            for f in files:  # only on this error path: find the file and line to name
-                raw = Path(f).read_bytes()
-                _decode_utf8(Path(f), gzip.decompress(raw) if f.lower().endswith(".gz") else raw,
-                             "CSV click logs")
-        raise ValueError(f"{pattern}: cannot read click log: {e}") from e
+        _raise_read_error(files, pattern, e)
     return normalize_types(frame, columns)
+
+
+def _raise_read_error(files: list[str], pattern: str, e: Exception):
+    """Re-raise a polars read error as a ValueError naming the file (and line, for bad UTF-8)."""
+    if file_kind(files, pattern) == "csv" and "utf-8" in str(e).lower():
+        import gzip
+
+        for f in files:  # only on this error path: find the file and line to name
+            raw = Path(f).read_bytes()
+            _decode_utf8(Path(f), gzip.decompress(raw) if f.lower().endswith(".gz") else raw,
+                         "CSV click logs")
+    raise ValueError(f"{pattern}: cannot read click log: {e}") from e
 
 
 def normalize_types(frame: pl.DataFrame, columns: ColumnMap) -> pl.DataFrame:

@@ -12,7 +12,6 @@ drawn, and drawn with the Agg canvas directly (no pyplot global state, no displa
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Mapping
 from pathlib import Path
@@ -21,7 +20,7 @@ from typing import Any
 import torch
 
 from .calibration_metrics import ece, log_loss, pcoc, pcoc_by_position, reliability_table
-from .export import atomic_path
+from .atomic import atomic_path, write_json
 
 __all__ = ["calibration_summary", "plot_reliability", "plot_pcoc_by_position", "write_report"]
 
@@ -151,8 +150,7 @@ def write_report(out_dir: str | Path, summaries: Mapping[str, Mapping[str, Any]]
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = {"json": out_dir / "calibration.json"}
-    with atomic_path(paths["json"]) as tmp:
-        tmp.write_text(json.dumps({**(extra or {}), "summaries": dict(summaries)}, indent=2))
+    write_json(paths["json"], {**(extra or {}), "summaries": dict(summaries)})
     if figures:
         paths["reliability"] = plot_reliability(summaries, out_dir / "reliability.png")
         if any(s.get("pcoc_by_position") for s in summaries.values()):

@@ -22,9 +22,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .lists import Batch, ListData, lengths_to_offsets, pad_index
+from .lists import Batch, ListData, lengths_to_offsets, pack, pad_index
 
-__all__ = ["SCOPES", "unit_ids", "GroupBatchSampler", "ListDataset", "collate", "EpochPlan"]
+__all__ = ["SCOPES", "unit_ids", "GroupBatchSampler", "ListDataset", "collate", "EpochPlan", "capped_sizes"]
 
 SCOPES = ("request", "session", "user", "user_window")
 
@@ -58,13 +58,27 @@ def unit_ids(data: ListData, scope: str = "request", window: float | None = None
                          f"({int((ids < 0).sum())} requests without one)")
     if scope == "user_window":
         if window is None or window <= 0:
-            raise ValueError("scope 'user_window' needs a positive sampler.window")
+            raise ValueError("scope 'user_window' needs a positive data.window")
         if data.time is None:
             raise ValueError("scope 'user_window' needs a time column mapped in the data config")
         bucket = np.floor_divide(data.time.cpu().numpy(), window).astype(np.int64)
         ids = ids * (int(bucket.max()) + 1) + (bucket - bucket.min())
     _, dense = np.unique(ids, return_inverse=True)
     return dense.astype(np.int64)
+
+
+def capped_sizes(sizes, positives, max_unit_size: int | None) -> np.ndarray:
+    """Impressions a unit keeps under the cap: all of a unit up to ``max_unit_size``, beyond it
+    every positive and negatives up to the cap (``max(positives, cap)``).
+
+    >>> capped_sizes([3, 10, 10], [1, 2, 9], 5).tolist()
+    [3, 5, 9]
+    """
+    sizes = np.asarray(sizes, dtype=np.int64)
+    if max_unit_size is None:
+        return sizes.copy()
+    positives = np.asarray(positives, dtype=np.int64)
+    return np.where(sizes > max_unit_size, np.maximum(positives, max_unit_size), sizes)
 
 
 @dataclass(frozen=True)
@@ -114,18 +128,15 @@ class GroupBatchSampler:
                           weights=(data.label.numpy() > 0), minlength=n_units)
         self.unit_size = sizes.astype(np.int64)
         self.unit_pos = pos.astype(np.int64)
-        self.effective_size = self.unit_size.copy()
-        if max_unit_size is not None:
-            capped = self.unit_size > max_unit_size
-            self.effective_size[capped] = np.maximum(self.unit_pos[capped], max_unit_size)
+        self.effective_size = capped_sizes(self.unit_size, self.unit_pos, max_unit_size)
         too_big = self.effective_size > self.budget
         if too_big.any():
             u = int(np.flatnonzero(too_big)[0])
             raise ValueError(
                 f"{int(too_big.sum())} {scope} unit(s) do not fit the batch budget of {self.budget} "
                 f"impressions (the first holds {int(self.unit_size[u])} impressions, "
-                f"{int(self.unit_pos[u])} positive); raise sampler.budget or set "
-                f"sampler.max_unit_size to cap them by dropping negatives"
+                f"{int(self.unit_pos[u])} positive); raise data.budget or set "
+                f"data.max_unit_size to cap them by dropping negatives"
             )
         if self.n_units < self.num_replicas:
             raise ValueError(f"{self.n_units} {scope} unit(s) cannot be shared by "
@@ -162,14 +173,7 @@ class GroupBatchSampler:
         else:
             perm = np.arange(n)
         sizes = self.effective_size[perm]
-        cum = np.concatenate([[0], np.cumsum(sizes)])
-        # greedy packing: a loop over batches (not units) with a binary search for each end
-        bounds = [0]
-        while bounds[-1] < n:
-            s = bounds[-1]
-            e = int(np.searchsorted(cum, cum[s] + self.budget, side="right")) - 1
-            bounds.append(max(e, s + 1))
-        bounds = self._divisible_bounds(bounds)
+        bounds = self._divisible_bounds(pack(sizes, self.budget).tolist())
         mine = range(self.rank, len(bounds) - 1, self.num_replicas)
         batches = []
         total = 0
@@ -187,7 +191,7 @@ class GroupBatchSampler:
             if widths[b] < 2:
                 raise ValueError(
                     f"cannot give {self.num_replicas} ranks the same number of batches: only "
-                    f"{len(bounds) - 1} single-unit batches; lower sampler.budget or use fewer devices"
+                    f"{len(bounds) - 1} single-unit batches; lower data.budget or use fewer devices"
                 )
             bounds.insert(b + 1, bounds[b] + int(widths[b]) // 2)
         return bounds
@@ -214,11 +218,12 @@ class ListDataset(torch.utils.data.Dataset):
     """
 
     def __init__(self, data: ListData, *, scope: str = "request", window: float | None = None,
-                 max_unit_size: int | None = None, seed: int = 0):
+                 max_unit_size: int | None = None, seed: int = 0, reweight_negatives: bool = True):
         self.data = data
         self.units = torch.from_numpy(unit_ids(data, scope, window))
         self.max_unit_size = max_unit_size
         self.seed = seed
+        self.reweight_negatives = reweight_negatives
         self.calls = 0
 
     def __len__(self) -> int:
@@ -231,11 +236,12 @@ class ListDataset(torch.utils.data.Dataset):
             # a generator per batch, derived from the seed and the batch content: deterministic
             gen = torch.Generator().manual_seed(self.seed * 1_000_003 + int(req[:8].sum()) + len(req))
         return collate(self.data, req, self.units[req], max_unit_size=self.max_unit_size,
-                       generator=gen)
+                       generator=gen, reweight_negatives=self.reweight_negatives)
 
 
 def collate(data: ListData, requests: torch.Tensor, units: torch.Tensor | None = None, *,
-            max_unit_size: int | None = None, generator: torch.Generator | None = None) -> Batch:
+            max_unit_size: int | None = None, generator: torch.Generator | None = None,
+            reweight_negatives: bool = True) -> Batch:
     """Build the :class:`Batch` of the given requests.
 
     Args:
@@ -244,6 +250,10 @@ def collate(data: ListData, requests: torch.Tensor, units: torch.Tensor | None =
         units: ``[g]`` unit id of each request (None: every request is its own unit).
         max_unit_size: cap on a unit's impressions (keeps all positives), or None.
         generator: random source for the negatives kept when capping.
+        reweight_negatives: give the kept negatives of a capped unit weight ``1 / keep-rate`` so
+            the pointwise loss stays unbiased (default); False keeps weight 1, and the model's odds
+            are then inflated by ``1 / keep-rate`` until an export applies the correction
+            (docs/EXPORT.md).
 
     Returns:
         The batch: flat rows in request order, request lists and rank (unit) lists.
@@ -267,7 +277,7 @@ def collate(data: ListData, requests: torch.Tensor, units: torch.Tensor | None =
         keep, weight = _cap_units(unit_of_row, label, max_unit_size, generator)
         if weight is not None:
             rows, req_of_row, unit_of_row, label = rows[keep], req_of_row[keep], unit_of_row[keep], label[keep]
-            weight = weight[keep]
+            weight = weight[keep] if reweight_negatives else None
             lengths = torch.bincount(req_of_row, minlength=len(requests))
     index, mask = pad_index(lengths)
     n_units = int(unit_of_req[-1]) + 1 if len(requests) else 0
@@ -276,7 +286,7 @@ def collate(data: ListData, requests: torch.Tensor, units: torch.Tensor | None =
     return Batch(
         num=data.num[rows], cat=data.cat[rows], label=label,
         index=index, mask=mask, rank_index=rank_index, rank_mask=rank_mask, rows=rows,
-        weight=weight, position=None if data.position is None else data.position[rows],
+        request=req_of_row, weight=weight, position=None if data.position is None else data.position[rows],
     )
 
 

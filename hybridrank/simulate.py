@@ -29,14 +29,14 @@ the same frame, bit for bit.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
-import tempfile
 import time as _time
 from pathlib import Path
 
 import numpy as np
 import polars as pl
+
+from .atomic import atomic_path
 
 __all__ = ["simulate_clicklog", "main", "SIM_COLUMNS"]
 
@@ -225,22 +225,15 @@ def simulate_clicklog(
     })
 
 
-def _write_atomic(df: pl.DataFrame, out: Path) -> None:
+def _write(df: pl.DataFrame, out: Path) -> None:
     suffix = out.suffix.lower()
     if suffix not in (".parquet", ".csv"):
         raise SystemExit(f"--out must end in .parquet or .csv, got {out}")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent)
-    os.close(fd)
-    try:
+    with atomic_path(out) as tmp:
         if suffix == ".parquet":
             df.write_parquet(tmp)
         else:
             df.write_csv(tmp)
-        os.replace(tmp, out)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -267,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         print(f"hybridrank-simulate: {e}", file=sys.stderr)
         return 2
-    _write_atomic(df, a.out)
+    _write(df, a.out)
     n_req = df["request_id"].n_unique()
     no_click = 1.0 - df.group_by("request_id").agg(pl.col("click").max())["click"].mean()
     print(f"{df.height:,} impressions, {n_req:,} requests, "

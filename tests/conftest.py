@@ -1,4 +1,4 @@
-"""Shared test fixtures: hypothesis profiles and the real-data folder."""
+"""Shared test fixtures: hypothesis profiles, the real-data folder, composing the hydra configs."""
 
 from __future__ import annotations
 
@@ -6,7 +6,10 @@ import os
 from pathlib import Path
 
 import pytest
+from hydra import compose, initialize_config_dir
 from hypothesis import HealthCheck, settings
+
+CONF = Path(__file__).resolve().parents[1] / "conf"
 
 settings.register_profile(
     "default", max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow]
@@ -28,3 +31,15 @@ def real_data() -> Path:
     if not (path / "letor").is_dir():
         pytest.fail(f"HYBRIDRANK_REAL_DATA={root} does not hold letor/ (see data/README.md)")
     return path
+
+
+def _compose(name: str = "config", *overrides: str):
+    with initialize_config_dir(str(CONF), version_base="1.3"):
+        return compose(name, overrides=list(overrides))
+
+
+@pytest.fixture(scope="session")
+def compose_cfg():
+    """``compose_cfg(name, *overrides)``: a project config (``config``, ``export``, ``eval``)
+    composed in-process with hydra overrides, as the console scripts would."""
+    return _compose

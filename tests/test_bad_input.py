@@ -19,7 +19,6 @@ import polars as pl
 import pytest
 import pytorch_lightning as pl_
 import torch
-from hydra import compose, initialize_config_dir
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from omegaconf import OmegaConf
@@ -37,9 +36,6 @@ from hybridrank.sampler import GroupBatchSampler, ListDataset
 CONF = Path(__file__).resolve().parents[1] / "conf"
 
 
-def compose_cfg(*overrides: str):
-    with initialize_config_dir(str(CONF), version_base="1.3"):
-        return compose("config", overrides=list(overrides))
 
 
 # ==============================================================================================
@@ -393,7 +389,7 @@ def _all_losses() -> dict[str, HybridLoss]:
     out = {}
     for path in sorted((CONF / "loss").glob("*.yaml")):
         node = OmegaConf.load(path)
-        node.label_max = 1
+        node.label_max = 1  # the files read ${data.source.label_max}
         out[path.stem] = hydra.utils.instantiate(node)
     return out
 
@@ -458,7 +454,8 @@ def _zero_labels(data):
 def test_training_runs_when_a_split_has_no_positive():
     splits = SimulatedSource(n_users=60, seed=4).load()
     splits = splits._replace(train=_zero_labels(splits.train), val=_zero_labels(splits.val))
-    dm = ListDataModule(splits, budget=1024, scope="session", max_unit_size=None, eval_budget=4096)
+    dm = ListDataModule(splits=splits, budget=1024, scope="session", max_unit_size=None,
+                        eval_budget=4096)
     pl_.seed_everything(0, verbose=False)
     scorer = MLPScorer(splits.train.num.shape[1], list(splits.schema.vocab_sizes), base_rate=0.0)
     module = HybridRanker(scorer, HybridLoss(point_weight=0.5,
@@ -480,8 +477,8 @@ def test_group_larger_than_batch_budget():
     splits = SimulatedSource(n_users=40, seed=2).load()
     longest = int(splits.train.lengths.max())
     with pytest.raises(ValueError, match=rf"request unit\(s\) do not fit the batch budget of "
-                                         rf"{longest - 1} impressions .*raise sampler.budget or set "
-                                         r"sampler.max_unit_size"):
+                                         rf"{longest - 1} impressions .*raise data.budget or set "
+                                         r"data.max_unit_size"):
         GroupBatchSampler(splits.train, budget=longest - 1)
     # the documented alternative: cap long units, keep all positives, weight the kept negatives
     cap = GroupBatchSampler(splits.train, budget=8, scope="session", max_unit_size=8)
@@ -497,7 +494,7 @@ def test_scope_column_that_does_not_exist_synthetic():
     with pytest.raises(ValueError, match=r"sampler scope 'session' needs a 'session' column mapped "
                                          r"in the data config, but this split only knows the scopes "
                                          r"\['request'\]"):
-        ListDataModule(splits, scope="session")
+        ListDataModule(splits=splits, scope="session")
 
 
 class LetorLike:
@@ -512,24 +509,23 @@ class LetorLike:
 
 
 @pytest.mark.real_data
-def test_session_scope_on_letor_data_is_a_clear_error(real_data, monkeypatch):
-    from hybridrank.cli import build
-
+def test_session_scope_on_letor_data_is_a_clear_error(real_data, monkeypatch, compose_cfg):
     monkeypatch.setenv("HYBRIDRANK_REAL_DATA", str(real_data))
-    cfg = compose_cfg("data=letor_mq2008", "sampler=session", "paths.output_dir=/tmp/unused")
-    # hydra wraps the sampler's ValueError in an InstantiationException that keeps its message
-    with pytest.raises(Exception, match=r"sampler scope 'session' needs a 'session' column mapped "
-                                        r"in the data config, but this split only knows the scopes "
-                                        r"\['request'\]"):
-        build(cfg)
+    cfg = compose_cfg("config", "data=letor_mq2008", "batching=session",
+                      "paths.output_dir=/tmp/unused")
+    dm = hydra.utils.instantiate(cfg.data)
+    with pytest.raises(ValueError, match=r"sampler scope 'session' needs a 'session' column mapped "
+                                         r"in the data config, but this split only knows the scopes "
+                                         r"\['request'\]"):
+        dm.model_data()
 
 
 @pytest.mark.real_data
-def test_open_bandit_pseudo_requests_load(real_data, monkeypatch):
+def test_open_bandit_pseudo_requests_load(real_data, monkeypatch, compose_cfg):
     """Pseudo-requests (user features x day) repeat items and span a day by design: they must keep
     loading under whatever duplicate / time-span policy the readers enforce."""
     monkeypatch.setenv("HYBRIDRANK_REAL_DATA", str(real_data))
-    cfg = compose_cfg("data=open_bandit", "paths.output_dir=/tmp/unused")
+    cfg = compose_cfg("config", "data=open_bandit", "paths.output_dir=/tmp/unused")
     splits = hydra.utils.instantiate(cfg.data.source).load()
     assert splits.train.n_impressions + splits.val.n_impressions + splits.test.n_impressions == 10_000
 
@@ -537,52 +533,56 @@ def test_open_bandit_pseudo_requests_load(real_data, monkeypatch):
 # ==============================================================================================
 # Configuration: typos, missing files
 # ==============================================================================================
-@pytest.mark.parametrize("override", ["trainer.max_epoch=3", "loss.point_wieght=0.5",
-                                      "sampler.budgte=100", "data.source.n_user=10", "seeed=1"])
-def test_config_typo_is_rejected_by_hydra_strict_mode(override):
+@pytest.mark.parametrize("override", ["trainer.max_epoch=3", "model.loss.point_wieght=0.5",
+                                      "data.budgte=100", "data.source.n_user=10", "seeed=1"])
+def test_config_typo_is_rejected_by_hydra_strict_mode(override, compose_cfg):
     key = override.split("=")[0]
     with pytest.raises(Exception, match=rf"Could not override '{re.escape(key)}'") as e:
-        compose_cfg(override)
+        compose_cfg("config", override)
     assert "Key" in str(e.value.__cause__ or e.value) or "not in struct" in str(e.value.__cause__)
 
 
 @pytest.mark.parametrize("override, target, fragment", [
-    ("+loss.point_wieght=0.5", "loss", "point_wieght"),
+    ("+model.loss.point_wieght=0.5", "model.loss", "point_wieght"),
     ("+data.source.n_user=10", "data.source", "n_user"),
-    ("+sampler.budgte=10", "sampler", "budgte"),
+    ("+data.budgte=10", "data", "budgte"),
+    ("+model.scorer.hiden=[8]", "model", "hiden"),
 ])
-def test_forced_typo_is_rejected_at_instantiation(override, target, fragment):
+def test_forced_typo_is_rejected_at_instantiation(override, target, fragment, compose_cfg):
     """``+key=`` bypasses strict mode; the constructors still reject the unknown argument."""
-    cfg = compose_cfg(override)
-    node = OmegaConf.select(cfg, target)
-    kwargs = {"splits": SimulatedSource(n_users=20).load()} if target == "sampler" else {}
+    from hybridrank.cli import build_model
+
+    cfg = compose_cfg("config", override, "data.source.n_users=20", "paths.output_dir=/tmp/unused")
     with pytest.raises(Exception, match=fragment):
-        hydra.utils.instantiate(node, **kwargs)
+        if target == "model":
+            build_model(cfg, hydra.utils.instantiate(cfg.data))
+        else:
+            hydra.utils.instantiate(OmegaConf.select(cfg, target))
 
 
-def test_column_map_typo_is_rejected():
-    cfg = compose_cfg("data=clicklog", "+data.source.columns.labell=click")
+def test_column_map_typo_is_rejected(compose_cfg):
+    cfg = compose_cfg("config", "data=clicklog", "+data.source.columns.labell=click")
     with pytest.raises(Exception, match=r"unknown ColumnMap keys \['labell'\]"):
         hydra.utils.instantiate(cfg.data.source)
 
 
-def test_missing_data_file_via_data_config(tmp_path):
-    cfg = compose_cfg("data=clicklog", f"data.source.path={tmp_path}/nope/*.parquet")
+def test_missing_data_file_via_data_config(tmp_path, compose_cfg):
+    cfg = compose_cfg("config", "data=clicklog", f"data.source.path={tmp_path}/nope/*.parquet")
     with pytest.raises(FileNotFoundError, match=r"no click-log files match the glob .*nope/\*\.parquet"):
         hydra.utils.instantiate(cfg.data.source).load()
-    cfg = compose_cfg("data=clicklog", f"data.source.path={tmp_path}/clicks.parquet")
+    cfg = compose_cfg("config", "data=clicklog", f"data.source.path={tmp_path}/clicks.parquet")
     with pytest.raises(FileNotFoundError, match=r"click-log file not found: .*clicks\.parquet"):
         hydra.utils.instantiate(cfg.data.source).load()
-    cfg = compose_cfg("data=letor_mq2008", f"data.root={tmp_path}/MQ2008")
+    cfg = compose_cfg("config", "data=letor_mq2008", f"paths.data_dir={tmp_path}")
     with pytest.raises(FileNotFoundError, match=r"LibSVM file not found: .*MQ2008/Fold1/train\.txt"):
         hydra.utils.instantiate(cfg.data.source).load()
 
 
 @pytest.mark.slow
-def test_missing_data_file_fails_train_before_any_work(tmp_path):
+def test_missing_data_file_fails_train_before_any_work(tmp_path, compose_cfg):
     from hybridrank.cli import train
 
-    cfg = compose_cfg("data=clicklog", f"data.source.path={tmp_path}/nope.parquet",
+    cfg = compose_cfg("config", "data=clicklog", f"data.source.path={tmp_path}/nope.parquet",
                       f"paths.output_dir={tmp_path}/out", "trainer.enable_progress_bar=false")
     with pytest.raises(FileNotFoundError, match=r"nope\.parquet"):
         train(cfg)

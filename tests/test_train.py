@@ -9,21 +9,21 @@ import sys
 from pathlib import Path
 
 import pytest
-from hydra import compose, initialize_config_dir
 
 from hybridrank.cli import format_table, train
 
-CONF = Path(__file__).resolve().parents[1] / "conf"
 SMALL = ["data.source.n_users=800", "trainer.enable_progress_bar=false"]
 
 
-def make_cfg(tmp_path: Path, *overrides: str):
-    with initialize_config_dir(str(CONF), version_base="1.3"):
-        return compose("config", overrides=[f"paths.output_dir={tmp_path}", *SMALL, *overrides])
+@pytest.fixture
+def make_cfg(compose_cfg):
+    def make(tmp_path: Path, *overrides: str):
+        return compose_cfg("config", f"paths.output_dir={tmp_path}", *SMALL, *overrides)
+    return make
 
 
 @pytest.mark.slow
-def test_train_beats_base_rate_and_random_order(tmp_path):
+def test_train_beats_base_rate_and_random_order(tmp_path, make_cfg):
     result = train(make_cfg(tmp_path, "trainer.max_epochs=3"))
     test, ref = result["test"], result["reference"]
     base, oracle = ref["base rate"], ref["oracle (true pCTR)"]
@@ -40,24 +40,26 @@ def test_train_beats_base_rate_and_random_order(tmp_path):
     assert saved["test"]["test/logloss"] == pytest.approx(test["test/logloss"])
     assert (tmp_path / "config_resolved.yaml").exists()
     assert Path(result["best_checkpoint"]).exists()
+    # the value handed to sweepers is the configured VALIDATION metric
+    assert result["optimized_metric"] == result["val"]["val/logloss"]
     table = format_table(result)
     assert "this model" in table and "oracle" in table and "ndcg@10" in table
 
 
 @pytest.mark.slow
-def test_jrc_trains_with_two_outputs(tmp_path):
+def test_jrc_trains_with_two_outputs(tmp_path, make_cfg):
     result = train(make_cfg(tmp_path, "loss=jrc", "trainer.max_epochs=1", "callbacks=none",
                             "test_after_fit=true"))
     assert result["test"]["test/logloss"] < result["reference"]["base rate"]["logloss"]
 
 
 @pytest.mark.slow
-def test_session_scope_trains(tmp_path):
-    result = train(make_cfg(tmp_path, "sampler=session", "trainer.max_epochs=1", "callbacks=none"))
+def test_session_scope_trains(tmp_path, make_cfg):
+    result = train(make_cfg(tmp_path, "batching=session", "trainer.max_epochs=1", "callbacks=none"))
     assert result["test"]["test/ndcg@10"] > result["reference"]["base rate"]["ndcg@10"]
 
 
-def test_config_typo_is_rejected(tmp_path):
+def test_config_typo_is_rejected(tmp_path, make_cfg):
     with pytest.raises(Exception, match="lossx|Could not override|not in struct"):
         make_cfg(tmp_path, "trainer.max_epoch=3")
 
@@ -79,3 +81,45 @@ def test_console_script_multirun(tmp_path):
     for r in runs:
         assert "test" in json.loads(r.read_text())
     assert "this model" in proc.stdout
+    # not a terminal: no progress-bar carriage returns, one log line per epoch instead
+    assert "\r" not in proc.stdout + proc.stderr
+    assert (proc.stdout + proc.stderr).count("epoch 1/1 | step") == 2
+
+
+@pytest.mark.slow
+def test_streamed_click_log_trains_from_the_config(tmp_path, compose_cfg):
+    """data=clicklog_stream: the larger-than-memory path, same column map as data=clicklog."""
+    from hybridrank.simulate import simulate_clicklog
+
+    simulate_clicklog(n_users=300, seed=1).write_parquet(tmp_path / "log.parquet",
+                                                        row_group_size=2000)
+    result = train(compose_cfg("config", f"paths.output_dir={tmp_path}/run", "data=clicklog_stream",
+                               f"data.source.path={tmp_path}/log.parquet",
+                               "data.source.chunk_rows=5000", "trainer.max_epochs=2"))
+    test, ref = result["test"], result["reference"]
+    assert test["test/logloss"] < ref["base rate"]["logloss"]
+    assert test["test/ndcg@10"] > ref["base rate"]["ndcg@10"]
+    # the hash split is disjoint and complete: every request in exactly one split
+    assert test["test/n_lists"] + result["val"]["val/n_lists"] < 0.5 * 3 * 300 * 3
+
+
+@pytest.mark.slow
+def test_without_negative_reweighting_the_export_corrects(tmp_path, make_cfg, compose_cfg):
+    """A CLI run whose capped negatives are not re-weighted records it; correction=auto then
+    applies q = p / (p + (1 - p) / w) at export, as docs/EXPORT.md says."""
+    from hybridrank.export import read_scores
+    from hybridrank.export_cli import export
+
+    result = train(make_cfg(tmp_path / "run", "batching=session", "data.max_unit_size=20",
+                            "data.reweight_negatives=false", "trainer.max_epochs=1"))
+    out = tmp_path / "s.parquet"
+    res = export(compose_cfg("export", f"checkpoint={result['best_checkpoint']}", f"output={out}",
+                             "calibrator=none"))
+    corr = res["correction"]
+    assert corr["reweight_negatives"] is False and 0 < corr["neg_keep_rate"] < 1
+    assert corr["applied"] is True
+    frame, _ = read_scores(out)
+    import numpy as np
+    p = 1 / (1 + np.exp(-frame["logit"].to_numpy().astype(np.float64)))
+    w = corr["neg_keep_rate"]
+    assert np.allclose(frame["pctr"].to_numpy(), p / (p + (1 - p) / w), atol=1e-9)
