@@ -544,15 +544,19 @@ def normalize_types(frame: pl.DataFrame, columns: ColumnMap) -> pl.DataFrame:
 
     One cast per column; a role's type wins over "numeric feature" (e.g. position stays int64,
     the schema turns numeric features into float at transform time); time becomes epoch seconds.
+    Mapped columns the frame does not have are left alone (the readers refuse missing required
+    columns before this point; exports of unlabeled files have no label column).
     """
-    casts = {c: _cast_checked(frame, c, pl.Float64, "numeric feature") for c in columns.numeric}
+    have = set(frame.columns)
+    casts = {c: _cast_checked(frame, c, pl.Float64, "numeric feature")
+             for c in columns.numeric if c in have}
     for role in _NUMERIC_KINDS:
         col = getattr(columns, role)
-        if col is not None:
+        if col is not None and col in have:
             casts[col] = _cast_checked(frame, col, pl.Float64, role)
-    if columns.position is not None:
+    if columns.position is not None and columns.position in have:
         casts[columns.position] = _cast_checked(frame, columns.position, pl.Int64, "position")
-    if columns.time is not None:
+    if columns.time is not None and columns.time in have:
         casts[columns.time] = _time_expr(frame, columns.time)
     return frame.with_columns(e.alias(c) for c, e in casts.items()) if casts else frame
 

@@ -19,8 +19,8 @@ from typing import Any
 
 import torch
 
-from .calibration_metrics import ece, log_loss, pcoc, pcoc_by_position, reliability_table
 from .atomic import atomic_path, write_json
+from .calibration_metrics import ece, log_loss, pcoc, pcoc_by_position, reliability_table
 
 __all__ = ["calibration_summary", "plot_reliability", "plot_pcoc_by_position", "write_report"]
 

@@ -36,7 +36,8 @@ class RecordRows(pl.Callback):
 def main(out: Path, devices: int) -> None:
     pl.seed_everything(0, workers=True, verbose=False)
     splits = SimulatedSource(n_users=200, seed=0).load()
-    dm = ListDataModule(splits, budget=1024, scope="session", max_unit_size=None, eval_budget=2048)
+    dm = ListDataModule(splits=splits, budget=1024, scope="session", max_unit_size=None,
+                        eval_budget=2048)
     loss = HybridLoss(point_weight=0.5, terms={"softmax": {"loss": "softmax", "weight": 0.5}})
     torch.manual_seed(0)
     scorer = MLPScorer(splits.train.num.shape[1], list(splits.schema.vocab_sizes), base_rate=0.03)

@@ -15,7 +15,7 @@ from hydra import compose, initialize_config_dir
 
 from hybridrank.cli import CONF_DIR, train
 
-OVERRIDES = ["data.source.n_users=300", "trainer.max_epochs=3", "sampler.budget=1024",
+OVERRIDES = ["data.source.n_users=300", "trainer.max_epochs=3", "data.budget=1024",
              "trainer.enable_progress_bar=false", "callbacks.last_checkpoint.every_n_train_steps=4"]
 
 

@@ -11,7 +11,7 @@ import torch
 from hybridrank.calibration import (
     IdentityCalibrator,
     IsotonicCalibrator,
-    TemperatureCalibrator,
+    PlattCalibrator,
     calibrator_from_dict,
     correction_shift,
     downsampling_correction,
@@ -70,7 +70,7 @@ def test_correction_restores_pcoc_after_downsampling():
     y = (torch.rand(n, generator=g, dtype=torch.float64) < torch.sigmoid(-3.5 + 1.2 * x)).double()
     keep = (y > 0) | (torch.rand(n, generator=g, dtype=torch.float64) < w)
     # a two-parameter logistic regression on x is exactly Platt scaling of the "logit" x
-    model = TemperatureCalibrator().fit(x[keep], y[keep])
+    model = PlattCalibrator().fit(x[keep], y[keep])
     p = model.predict_proba(x)
     assert float(pcoc(p, y)) > 3.0  # inflated by about 1 / w in odds
     q = downsampling_correction(p, w)
@@ -79,7 +79,7 @@ def test_correction_restores_pcoc_after_downsampling():
 
 
 # --- calibrators ------------------------------------------------------------------------------
-@pytest.mark.parametrize("cal", [TemperatureCalibrator, IsotonicCalibrator])
+@pytest.mark.parametrize("cal", [PlattCalibrator, IsotonicCalibrator])
 def test_calibrators_fix_a_misscaled_model(cal):
     t, y = known_truth()
     z = 3 * t + 1  # over-confident and biased
@@ -94,19 +94,19 @@ def test_calibrators_fix_a_misscaled_model(cal):
     assert float(pcoc(c.predict_proba(z[half:]), y[half:])) == pytest.approx(1.0, abs=0.1)
 
 
-def test_temperature_recovers_the_scaling():
+def test_platt_recovers_the_scaling():
     t, y = known_truth(100_000)
-    c = TemperatureCalibrator().fit(3 * t + 1, y)
+    c = PlattCalibrator().fit(3 * t + 1, y)
     # sigma(a (3t + 1) + b) = sigma(t)  =>  a = 1/3, b = -1/3
     assert c.a == pytest.approx(1 / 3, abs=0.03)
     assert c.b == pytest.approx(-1 / 3, abs=0.15)
 
 
-def test_temperature_matches_sklearn():
+def test_platt_matches_sklearn():
     sk = pytest.importorskip("sklearn.linear_model")
     t, y = known_truth(20_000, seed=3)
     z = 2 * t - 0.5
-    c = TemperatureCalibrator(l2=0.0).fit(z, y)
+    c = PlattCalibrator(l2=0.0).fit(z, y)
     ref = sk.LogisticRegression(C=1e10, tol=1e-10, max_iter=1000).fit(z.numpy()[:, None], y.numpy())
     assert c.a == pytest.approx(float(ref.coef_[0, 0]), rel=1e-3)
     assert c.b == pytest.approx(float(ref.intercept_[0]), abs=1e-3)
@@ -137,13 +137,13 @@ def test_weights_act_as_repeats():
     t, y = known_truth(3_000, seed=5)
     w = torch.randint(1, 4, (t.numel(),), generator=torch.Generator().manual_seed(0)).double()
     rep = torch.repeat_interleave(torch.arange(t.numel()), w.long())
-    for cal in (TemperatureCalibrator, IsotonicCalibrator):
+    for cal in (PlattCalibrator, IsotonicCalibrator):
         a = cal().fit(t, y, weights=w).predict_proba(t)
         b = cal().fit(t[rep], y[rep]).predict_proba(t)
         assert torch.allclose(a, b, atol=1e-7)
 
 
-@pytest.mark.parametrize("cal", [IdentityCalibrator, TemperatureCalibrator, IsotonicCalibrator])
+@pytest.mark.parametrize("cal", [IdentityCalibrator, PlattCalibrator, IsotonicCalibrator])
 def test_dict_round_trip_and_module(cal):
     t, y = known_truth(4_000, seed=6)
     c = cal().fit(2 * t, y)
@@ -159,7 +159,7 @@ def test_dict_round_trip_and_module(cal):
 
 def test_fit_errors_are_clear():
     with pytest.raises(ValueError, match="both clicks and non-clicks"):
-        TemperatureCalibrator().fit(torch.randn(10), torch.zeros(10))
+        PlattCalibrator().fit(torch.randn(10), torch.zeros(10))
     with pytest.raises(ValueError, match="differ in length"):
         IsotonicCalibrator().fit(torch.randn(10), torch.zeros(9))
     with pytest.raises(ValueError, match="non-finite"):

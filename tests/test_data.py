@@ -123,37 +123,6 @@ def test_letor_source_fold1_and_parts(real_data):
     assert torch.allclose(parts.train.num, s.train.num)
 
 
-@pytest.mark.real_data
-@pytest.mark.parametrize("name", ["letor_mq2008", "mslr", "open_bandit"])
-def test_data_configs_instantiate(real_data, monkeypatch, name):
-    hydra_utils = pytest.importorskip("hydra.utils")
-    from omegaconf import OmegaConf
-
-    monkeypatch.setenv("HYBRIDRANK_REAL_DATA", str(real_data))
-    cfg = OmegaConf.load(ROOT / "conf" / "data" / f"{name}.yaml")
-    assert cfg.name == name and cfg.label_max in (1, 2, 4)
-    s = hydra_utils.instantiate(cfg.source).load()
-    assert min(s.train.n_requests, s.val.n_requests, s.test.n_requests) > 0
-    assert s.schema.label_max == cfg.label_max
-    if name == "mslr":
-        assert s.train.num.shape[1] == 136
-        assert float(s.train.label.max()) == 4
-    if name == "open_bandit":
-        assert s.train.position is not None and s.train.time is not None
-        assert int(s.train.lengths.max()) > 1  # pseudo-requests group several impressions
-
-
-def test_sim_and_clicklog_configs_parse():
-    from omegaconf import OmegaConf
-
-    for name in ("sim", "clicklog"):
-        cfg = OmegaConf.load(ROOT / "conf" / "data" / f"{name}.yaml")
-        assert cfg.name == name and cfg.label_max == 1
-        assert cfg.source._target_.startswith("hybridrank.data.")
-    cm = ColumnMap.from_dict(OmegaConf.load(ROOT / "conf/data/clicklog.yaml").source.columns)
-    assert set(cm.source_columns()) <= set(simulate_clicklog(n_users=5).columns)
-
-
 # ----------------------------------------------------------------------------------------------
 # LibSVM on small hand-written files
 # ----------------------------------------------------------------------------------------------

@@ -10,35 +10,31 @@ import numpy as np
 import polars as pl
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
 
-from hybridrank.calibration import IsotonicCalibrator, TemperatureCalibrator, calibrator_from_dict
+from hybridrank.atomic import atomic_path
+from hybridrank.calibration import IsotonicCalibrator, PlattCalibrator, calibrator_from_dict
 from hybridrank.export import (
     ScoreWriter,
-    atomic_path,
     build_metadata,
     export_torchscript,
-    load_ranker,
     ranks_within_requests,
     read_scores,
-    score_data,
+    score_frame,
 )
+from hybridrank.export_cli import load_model
 from hybridrank.lists import ListData, lengths_to_offsets
-from hybridrank.module import predict_logits
+from hybridrank.losses import HybridLoss
+from hybridrank.module import HybridRanker
 from hybridrank.nets import MLPScorer
 
-CONF = Path(__file__).resolve().parents[1] / "conf"
 N_USERS = 150
 
 
-def compose_cfg(name: str, *overrides: str):
-    with initialize_config_dir(str(CONF), version_base="1.3"):
-        return compose(name, overrides=list(overrides))
-
-
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory):
+def trained(tmp_path_factory, compose_cfg):
     """A tiny model trained in-process through the hydra config; its checkpoint and test split."""
+    import hydra
+
     from hybridrank.cli import train
 
     out = tmp_path_factory.mktemp("run")
@@ -46,15 +42,16 @@ def trained(tmp_path_factory):
                       "trainer.max_epochs=1", "trainer.enable_progress_bar=false")
     result = train(cfg)
     ckpt = Path(result["best_checkpoint"])
-    module, config, schema = load_ranker(ckpt)
-    import hydra
-
+    model = load_model(ckpt)
+    config = dict(model.hparams.config)
     splits = hydra.utils.instantiate(config["data"]["source"]).load()
-    return {"ckpt": ckpt, "module": module, "config": config, "schema": schema, "splits": splits}
+    return {"ckpt": ckpt, "model": model, "config": config, "splits": splits,
+            "compose": compose_cfg}
 
 
 def export_cfg(trained, out: Path, *overrides: str):
-    return compose_cfg("export", f"checkpoint={trained['ckpt']}", f"output={out}", *overrides)
+    return trained["compose"]("export", f"checkpoint={trained['ckpt']}", f"output={out}",
+                              *overrides)
 
 
 def no_temp_files(directory: Path) -> bool:
@@ -100,17 +97,18 @@ def test_score_writer_exception_mid_write_leaves_old_file(tmp_path, suffix):
 def test_two_output_model_exports_both_logits(tmp_path):
     torch.manual_seed(0)
     scorer = MLPScorer(3, [5, 4], n_outputs=2, hidden=(8,))
+    model = HybridRanker(scorer, HybridLoss(0.5, terms={"jrc": {"weight": 0.5}}))
     n = 9
     data = ListData(num=torch.randn(n, 3), cat=torch.randint(0, 5, (n, 2)), label=torch.zeros(n),
                     offsets=lengths_to_offsets(torch.tensor([4, 5])),
                     bid=torch.rand(n), request_key=pl.Series("request", ["a", "b"]))
-    f = score_data(scorer, data)
+    f = score_frame(model, data)
     assert {"logit0", "logit1"} <= set(f.columns)
     assert np.allclose(f["logit"], f["logit1"] - f["logit0"], atol=1e-6)
     assert f["request_id"].to_list() == ["a"] * 4 + ["b"] * 5
     assert np.array_equal(f["ecpm"].to_numpy(), f["bid"].to_numpy() * f["pctr"].to_numpy())
-    model = torch.jit.load(str(export_torchscript(scorer, None, tmp_path / "m.pt")))
-    assert np.allclose(model(data.num, data.cat).numpy(), f["pctr"].to_numpy(), atol=1e-6)
+    ts = torch.jit.load(str(export_torchscript(model, None, tmp_path / "m.pt")))
+    assert np.allclose(ts(data.num, data.cat).numpy(), f["pctr"].to_numpy(), atol=1e-6)
 
 
 # --- end to end on a trained checkpoint ----------------------------------------------------------
@@ -119,15 +117,19 @@ def test_export_matches_in_memory_prediction(trained, tmp_path):
     from hybridrank.export_cli import export
 
     out = tmp_path / "scores.parquet"
-    result = export(export_cfg(trained, out, "calibrator=temperature", "chunk_rows=500"))
+    result = export(export_cfg(trained, out, "calibrator=platt", "chunk_rows=500"))
     frame, meta = read_scores(out)
     test = trained["splits"].test
     assert result["n_rows"] == frame.height == test.n_impressions
     # same logits and pCTR as the in-memory model, row for row (storage order)
-    z = predict_logits(trained["module"].scorer, test).reshape(-1)
+    z = trained["model"].predict_split(test)[0]
     assert np.allclose(frame["logit"].to_numpy(), z.numpy(), atol=1e-6)
+    # ... and as the model applied by hand to the features (the serving path, batch at once)
+    with torch.no_grad():
+        direct = trained["model"](test.num, test.cat)
+    assert np.allclose(frame["logit"].to_numpy(), direct.numpy(), atol=1e-6)
     cal = calibrator_from_dict(meta["calibrator"])
-    assert isinstance(cal, TemperatureCalibrator)
+    assert isinstance(cal, PlattCalibrator)
     assert np.allclose(frame["pctr"].to_numpy(), cal.predict_proba(z.double()).numpy(),
                        atol=1e-9)
     # ranks: 1-based within request by pCTR, ties by storage order (brute-force reference)
@@ -151,7 +153,7 @@ def test_export_matches_in_memory_prediction(trained, tmp_path):
     assert Path(meta["checkpoint_path"]) == trained["ckpt"].resolve()
     assert meta["config"] == trained["config"]
     assert calibrator_from_dict(meta["calibrator"]).to_dict() == meta["calibrator"]
-    assert meta["neg_keep_rate"] == pytest.approx(trained["module"].hparams.neg_keep_rate)
+    assert meta["neg_keep_rate"] == pytest.approx(trained["model"].data_info["neg_keep_rate"])
     assert meta["correction_applied"] is False
     assert dt.datetime.fromisoformat(meta["created_at"]).tzinfo is not None
     assert meta["hybridrank_version"]
@@ -173,7 +175,7 @@ def test_csv_export_with_sidecar_and_all_splits(trained, tmp_path):
     assert frame.height == s.train.n_impressions + s.val.n_impressions + s.test.n_impressions
     assert frame["split"].unique().sort().to_list() == ["test", "train", "val"]
     assert meta["calibrator"] == {"name": "none"}
-    z = predict_logits(trained["module"].scorer, s.val).reshape(-1).double()
+    z = trained["model"].predict_split(s.val)[0].double()
     got = frame.filter(pl.col("split") == "val")["pctr"].to_numpy()
     assert np.allclose(got, torch.sigmoid(z).numpy(), atol=1e-9)
 
@@ -184,7 +186,7 @@ def sim_file(trained, tmp_path_factory):
     from hybridrank.simulate import simulate_clicklog
 
     src = dict(trained["config"]["data"]["source"])
-    kwargs = {k: v for k, v in src.items() if k not in ("_target_", "split")}
+    kwargs = {k: v for k, v in src.items() if k not in ("_target_", "split", "label_max")}
     path = tmp_path_factory.mktemp("data") / "log.parquet"
     simulate_clicklog(**kwargs).write_parquet(path)
     return path
@@ -256,24 +258,25 @@ def test_bad_inputs_fail_before_any_output(trained, sim_file, tmp_path):
     bids[[5, 17]] = [-1.0, np.nan]
     badbid = tmp_path / "badbid.parquet"
     df.with_columns(pl.Series("bid", bids)).write_parquet(badbid)
-    with pytest.raises(ValueError, match=r"2 bid\(s\).*row 6"):
+    with pytest.raises(ValueError, match=r"bid 'bid' missing, not finite or negative: 2 row\(s\), "
+                                         r"first -1.0 at .*badbid\.parquet row 6"):
         export(export_cfg(trained, out, "calibrator=none", f"input={badbid}"))
     # an output path that cannot be written (its parent is a file)
     blocker = tmp_path / "blocker"
     blocker.write_text("x")
     with pytest.raises(ValueError, match="blocker"):
         export(export_cfg(trained, blocker / "o.parquet", "calibrator=none"))
-    # data with another feature schema than the checkpoint's
-    cfg = export_cfg(trained, out, "calibrator=none", "data=sim",
-                     f"data.source.n_users={N_USERS}", "data.source.n_items=300")
-    with pytest.raises(ValueError, match="different feature schema.*vocabulary size of 'item_id'"):
+    # data whose features differ from the model's
+    cfg = export_cfg(trained, out, "calibrator=none", "data=clicklog",
+                     f"data.source.path={sim_file}", "data.source.columns.numeric=[item_price]")
+    with pytest.raises(ValueError, match=r"features differ from the model's: numeric \['item_price'\]"):
         export(cfg)
     assert not out.exists()
     assert no_temp_files(tmp_path)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("cal", ["temperature", "isotonic"])
+@pytest.mark.parametrize("cal", ["platt", "isotonic"])
 def test_portable_models_reproduce_pctr(trained, tmp_path, cal):
     onnx = pytest.importorskip("onnx")
     ort = pytest.importorskip("onnxruntime")
@@ -289,7 +292,8 @@ def test_portable_models_reproduce_pctr(trained, tmp_path, cal):
     ts = torch.jit.load(result["portable"]["torchscript"])
     assert np.allclose(ts(num, cat).numpy(), expected, atol=1e-5)
     names = {name for name, _ in ts.named_modules()}
-    assert not any("loss" in name or "metrics" in name for name in names)
+    assert not any("metrics" in name for name in names)   # serving only: no metric state
+    assert not any("loss" in name for name, _ in ts.named_parameters())
     sess = ort.InferenceSession(result["portable"]["onnx"])
     got = sess.run(["pctr"], {"num": num.numpy(), "cat": cat.numpy()})[0]
     assert np.allclose(got, expected, atol=1e-5)
@@ -313,12 +317,11 @@ def test_downsampling_correction_in_export(trained, tmp_path, monkeypatch, mode,
     import hybridrank.export_cli as cli
 
     def fake_load(path):
-        module, config, schema = load_ranker(path)
-        module.hparams.neg_keep_rate = 0.25
-        module.loss_reweighted = reweighted
-        return module, config, schema
+        model = load_model(path)
+        model.data_info.update(neg_keep_rate=0.25, reweight_negatives=reweighted)
+        return model
 
-    monkeypatch.setattr(cli, "load_ranker", fake_load)
+    monkeypatch.setattr(cli, "load_model", fake_load)
     out = tmp_path / "s.parquet"
     cli.export(export_cfg(trained, out, "calibrator=none", f"correction={mode}"))
     frame, meta = read_scores(out)
@@ -335,7 +338,7 @@ def test_evaluate_writes_report(trained, tmp_path):
     pytest.importorskip("matplotlib")
     from hybridrank.export_cli import evaluate
 
-    cfg = compose_cfg("eval", f"checkpoint={trained['ckpt']}", f"output_dir={tmp_path}",
+    cfg = trained["compose"]("eval", f"checkpoint={trained['ckpt']}", f"output_dir={tmp_path}",
                       "calibrator=isotonic")
     result = evaluate(cfg)
     for key in ("json", "reliability", "pcoc_by_position"):
@@ -350,7 +353,62 @@ def test_evaluate_writes_report(trained, tmp_path):
 
 def test_metadata_is_strings():
     meta = build_metadata(checkpoint_path="x.ckpt", checkpoint_sha256="ab", config={"a": 1},
-                          calibrator=TemperatureCalibrator(a=2.0, b=-1.0), neg_keep_rate=0.5,
+                          calibrator=PlattCalibrator(a=2.0, b=-1.0), neg_keep_rate=0.5,
                           correction_applied=True)
     assert all(isinstance(v, str) for v in meta.values())
     assert meta["correction_applied"] == "true" and meta["neg_keep_rate"] == "0.5"
+
+
+@pytest.mark.slow
+def test_policies_travel_with_the_model_nan_fill(tmp_path, compose_cfg):
+    """Trained with nan_policy=fill, the model fills NaN features of the files it scores with the
+    training fill value (issue: export stopped with 'numeric feature ... has missing/NaN/inf')."""
+    from hybridrank.cli import train
+    from hybridrank.export_cli import export
+    from hybridrank.simulate import simulate_clicklog
+
+    df = simulate_clicklog(n_users=120, seed=2)
+    holes = df.with_row_index("i").with_columns(
+        item_price=pl.when(pl.col("i") % 50 == 0).then(None).otherwise(pl.col("item_price")),
+        item_pop=pl.when(pl.col("i") % 70 == 3).then(float("nan")).otherwise(pl.col("item_pop")),
+    ).drop("i")
+    holes.write_parquet(tmp_path / "train.parquet")
+    result = train(compose_cfg("config", f"paths.output_dir={tmp_path}/run", "data=clicklog",
+                               f"data.source.path={tmp_path}/train.parquet",
+                               "data.source.nan_policy=fill", "data.source.fill_value=-1.5",
+                               "trainer.max_epochs=1"))
+    model = load_model(result["best_checkpoint"])
+    assert model.schema.nan_policy == "fill" and model.schema.fill_value == -1.5
+    new = tmp_path / "new.parquet"
+    holes.head(2000).write_parquet(new)
+    out = tmp_path / "scores.parquet"
+    res = export(compose_cfg("export", f"checkpoint={result['best_checkpoint']}", f"output={out}",
+                             f"input={new}", "calibrator=none"))
+    frame, _ = read_scores(out)
+    assert res["n_rows"] == frame.height == 2000
+    assert np.isfinite(frame["pctr"].to_numpy()).all()
+    # the filled rows scored exactly as the same rows with the fill value written in
+    filled = holes.head(2000).with_columns(pl.col("item_price").fill_null(-1.5),
+                                           pl.col("item_pop").fill_nan(-1.5))
+    filled.write_parquet(tmp_path / "filled.parquet")
+    export(compose_cfg("export", f"checkpoint={result['best_checkpoint']}",
+                       f"output={tmp_path}/ref.parquet", f"input={tmp_path}/filled.parquet",
+                       "calibrator=none"))
+    ref, _ = read_scores(tmp_path / "ref.parquet")
+    assert np.array_equal(frame["pctr"].to_numpy(), ref["pctr"].to_numpy())
+    # a model trained with the default policy still refuses NaN, naming the column
+    strict = train(compose_cfg("config", f"paths.output_dir={tmp_path}/strict", "data=clicklog",
+                               f"data.source.path={tmp_path}/filled.parquet", "trainer.max_epochs=1"))
+    with pytest.raises(ValueError, match="numeric feature 'item_price' has missing/NaN/inf"):
+        export(compose_cfg("export", f"checkpoint={strict['best_checkpoint']}",
+                           f"output={tmp_path}/x.parquet", f"input={new}", "calibrator=none"))
+
+
+def test_load_from_checkpoint_is_self_contained(trained):
+    """The one way back from a checkpoint: HybridRanker.load_from_checkpoint, nothing to pass."""
+    model = HybridRanker.load_from_checkpoint(trained["ckpt"], map_location="cpu", weights_only=True)
+    test = trained["splits"].test
+    a = model.predict_split(test)[0]
+    b = trained["model"].predict_split(test)[0]
+    assert torch.equal(a, b)
+    assert model.schema == trained["model"].schema and model.loss.n_outputs == 1

@@ -557,7 +557,7 @@ def test_yaml_configs_instantiate(path):
     hydra_utils = pytest.importorskip("hydra.utils")
     omegaconf = pytest.importorskip("omegaconf")
     node = omegaconf.OmegaConf.load(path)
-    cfg = omegaconf.OmegaConf.create({"data": {"label_max": 2}, "loss": node})
+    cfg = omegaconf.OmegaConf.create({"data": {"source": {"label_max": 2}}, "loss": node})
     assert cfg.loss._target_ == "hybridrank.losses.HybridLoss"
     loss = hydra_utils.instantiate(cfg.loss)
     assert isinstance(loss, L.HybridLoss) and loss.label_max == 2

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import time
 
 import numpy as np
 import polars as pl
@@ -35,12 +34,9 @@ def test_columns_and_types(log):
     assert set(log["click"].unique().to_list()) <= {0, 1}
 
 
-def test_default_size_and_speed():
-    t0 = time.perf_counter()
+def test_default_size():
     df = simulate_clicklog()
-    elapsed = time.perf_counter() - t0
     assert 200_000 <= df.height <= 300_000
-    assert elapsed < 4.0  # < 2 s on a laptop core; slack for loaded CI machines
 
 
 def test_ctr_and_sparse_clicks(log):

@@ -144,8 +144,8 @@ def test_streaming_loader_trains_a_hybrid_ranker(big_log):
     loss_value = float(trainer.callback_metrics["train/loss"])
     assert np.isfinite(loss_value) and loss_value > 0
     assert any(not torch.equal(a, b) for a, b in zip(before, scorer.parameters()))
-    # ids first seen after the fitted rows go to the OOV bucket and are counted
-    assert src.oov["item_id"] >= 0 and set(src.oov) == set(SIM_COLUMNS_MAP.categorical)
+    # users first seen after the fitted rows (the log is in time order) go to the OOV bucket 0
+    assert set(src.oov) == set(SIM_COLUMNS_MAP.categorical) and src.oov["user_id"] > 0
 
 
 # ----------------------------------------------------------------------------------------------
@@ -161,10 +161,26 @@ def test_streamed_schema_equals_in_memory_fit(small_log):
     chunks = src.layout()
     assert len(chunks) > 3 and sum(c.n_rows for c in chunks) == small_log["df"].height
     for c in chunks:
-        keys = pl.read_parquet(c.file)["request_id"]
-        assert c.start == 0 or keys[c.start] != keys[c.start - 1]
-        end = c.start + c.n_rows
-        assert end == len(keys) or keys[end] != keys[end - 1]
+        assert sum(n for _, _, n in c.pieces) == c.n_rows
+        for fi, start, n in c.pieces:
+            keys = pl.read_parquet(src.files[fi])["request_id"]
+            assert start == 0 or keys[start] != keys[start - 1]
+            end = start + n
+            assert end == len(keys) or keys[end] != keys[end - 1]
+
+
+def test_oov_counts_match_a_reference(small_log):
+    """Schema fitted on the first chunk only: every later id outside its vocabulary is counted."""
+    src = StreamingClickLogSource(small_log["glob"], SIM_COLUMNS_MAP, chunk_rows=700, fit_rows=1)
+    datas = list(src.chunks())
+    df = small_log["df"]
+    for c in SIM_COLUMNS_MAP.categorical:
+        known = set(src.schema.vocab[c])
+        expected = int((~df[c].cast(pl.String).is_in(list(known))).sum())
+        assert src.oov[c] == expected, c
+        assert sum(int((d.cat[:, SIM_COLUMNS_MAP.categorical.index(c)] == 0).sum())
+                   for d in datas) == expected
+    assert src.oov["user_id"] > 0
 
 
 def test_every_impression_once_and_batches_hold_whole_requests(small_log):
@@ -204,14 +220,32 @@ def test_request_split_inside_a_file_is_an_error(small_log, tmp_path):
         StreamingClickLogSource(tmp_path / "a.parquet", SIM_COLUMNS_MAP).layout()
 
 
-def test_request_spanning_two_files_is_an_error(small_log, tmp_path):
+def test_request_continuing_into_the_next_file_is_one_request(small_log, tmp_path):
+    """Logs are often cut into files by size: a request may continue from one file into the next."""
     df = small_log["df"]
     r = df["request_id"][df.height // 2]
     cut = int((df["request_id"] == r).arg_true()[1])  # inside request r
     df.slice(0, cut).write_parquet(tmp_path / "p0.parquet")
     df.slice(cut).write_parquet(tmp_path / "p1.parquet")
+    src = StreamingClickLogSource(str(tmp_path / "p*.parquet"), SIM_COLUMNS_MAP, chunk_rows=300)
+    datas = list(src.chunks())
+    assert sum(d.n_requests for d in datas) == df["request_id"].n_unique()
+    whole = [d for d in datas if r in d.request_key.to_list()]
+    assert len(whole) == 1
+    i = whole[0].request_key.to_list().index(r)
+    assert int(whole[0].lengths[i]) == int((df["request_id"] == r).sum())
+
+
+def test_request_in_two_separate_places_is_an_error(small_log, tmp_path):
+    df = small_log["df"]
+    r = df["request_id"][df.height // 2]
+    rows = df.filter(pl.col("request_id") == r)
+    rest = df.filter(pl.col("request_id") != r)
+    rows.head(1).write_parquet(tmp_path / "p0.parquet")
+    rest.write_parquet(tmp_path / "p1.parquet")
+    rows.slice(1).write_parquet(tmp_path / "p2.parquet")
     with pytest.raises(ValueError, match=rf"request {r} spans two files \(.*p0\.parquet and "
-                                         r".*p1\.parquet\)"):
+                                         r".*p2\.parquet\) without continuing"):
         StreamingClickLogSource(str(tmp_path / "p*.parquet"), SIM_COLUMNS_MAP).layout()
 
 
@@ -228,9 +262,12 @@ def test_bad_values_name_file_and_row(small_log, tmp_path):
 def test_input_errors(small_log, tmp_path):
     with pytest.raises(FileNotFoundError, match="no click-log files match"):
         StreamingClickLogSource(str(tmp_path / "none*.parquet"), SIM_COLUMNS_MAP)
-    small_log["df"].write_csv(tmp_path / "log.csv")
-    with pytest.raises(ValueError, match="parquet files only"):
-        StreamingClickLogSource(tmp_path / "log.csv", SIM_COLUMNS_MAP)
+    small_log["df"].write_csv(tmp_path / "log.csv")  # CSV streams as well (one scanner for both)
+    csv = StreamingClickLogSource(tmp_path / "log.csv", SIM_COLUMNS_MAP, chunk_rows=900)
+    assert sum(d.n_impressions for d in csv.chunks()) == small_log["df"].height
+    (tmp_path / "notes.txt").write_text("x")
+    with pytest.raises(ValueError, match="click logs must be all .parquet or all .csv"):
+        StreamingClickLogSource(tmp_path / "notes.txt", SIM_COLUMNS_MAP)
     small_log["df"].drop("bid").write_parquet(tmp_path / "nobid.parquet")
     with pytest.raises(ValueError, match=r"mapped column\(s\) \['bid'\] not found"):
         StreamingClickLogSource(tmp_path / "nobid.parquet", SIM_COLUMNS_MAP)

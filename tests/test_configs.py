@@ -1,0 +1,196 @@
+"""Every option of every config group composes and builds what its group is named after.
+
+Options are discovered from ``conf/``: a new option (or a new group) without coverage here fails
+``test_every_group_is_covered``.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import hydra
+import pytest
+import pytorch_lightning as pl
+import torch
+
+from hybridrank.calibration import Calibrator
+from hybridrank.cli import build_model, build_trainer
+from hybridrank.datamodule import ListDataModule
+from hybridrank.losses import HybridLoss
+from hybridrank.metrics import ListMetrics
+from hybridrank.module import HybridRanker
+from hybridrank.simulate import simulate_clicklog
+from hybridrank.streaming import StreamingDataModule
+
+CONF = Path(__file__).resolve().parents[1] / "conf"
+SMALL = ["data.source.n_users=60", "paths.output_dir=/tmp/hybridrank-configs"]
+REAL = {"letor_mq2008", "mslr", "open_bandit"}
+#: group -> how it is checked below
+GROUPS = {"data", "batching", "model", "loss", "optimizer", "scheduler", "metrics", "trainer",
+          "callbacks", "logger", "calibrator", "experiment", "debug", "paths", "hydra"}
+
+
+def options(group: str) -> list[str]:
+    return sorted(p.stem for p in (CONF / group).glob("*.yaml"))
+
+
+def test_every_group_is_covered():
+    groups = {p.name for p in CONF.iterdir() if p.is_dir()}
+    assert groups == GROUPS, f"new / removed config groups: {groups ^ GROUPS}"
+    for g in GROUPS:
+        assert options(g), g
+
+
+@pytest.fixture(scope="module")
+def sim_log(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("configs") / "log.parquet"
+    simulate_clicklog(n_users=80, seed=3).write_parquet(path, row_group_size=1000)
+    return path
+
+
+def data_overrides(name: str, sim_log: Path) -> list[str]:
+    if name == "sim":
+        return ["data=sim", *SMALL]
+    if name in ("clicklog", "clicklog_stream"):
+        extra = ["data.source.chunk_rows=2000"] if name == "clicklog_stream" else []
+        return [f"data={name}", f"data.source.path={sim_log}", *extra,
+                "paths.output_dir=/tmp/hybridrank-configs"]
+    return [f"data={name}", "paths.output_dir=/tmp/hybridrank-configs"]
+
+
+@pytest.mark.parametrize("name", options("data"))
+def test_data_options_build_their_datamodule(name, compose_cfg, sim_log, request):
+    if name in REAL:
+        request.getfixturevalue("real_data")
+    cfg = compose_cfg("config", *data_overrides(name, sim_log))
+    dm = hydra.utils.instantiate(cfg.data)
+    assert isinstance(dm, ListDataModule | StreamingDataModule)
+    info = dm.model_data()
+    schema = info["schema"]
+    assert schema["label_max"] == cfg.data.source.label_max
+    assert 0 < info["base_rate"] < 1 and 0 < info["neg_keep_rate"] <= 1
+    test = list(dm.eval_chunks("test"))
+    assert sum(d.n_requests for d in test) > 0
+    if name == "mslr":
+        assert len(schema["numeric"]) == 136 and float(test[0].label.max()) <= 4
+    if name == "open_bandit":
+        assert test[0].position is not None and int(test[0].lengths.max()) > 1
+
+
+@pytest.fixture(scope="module")
+def sim_dm(compose_cfg):
+    return hydra.utils.instantiate(compose_cfg("config", *SMALL).data)
+
+
+@pytest.mark.parametrize("name", options("batching"))
+def test_batching_presets_fill_the_datamodule(name, compose_cfg):
+    cfg = compose_cfg("config", f"batching={name}", *SMALL)
+    dm = hydra.utils.instantiate(cfg.data)
+    assert dm.scope == cfg.data.scope and dm.budget == cfg.data.budget
+    batch = next(iter(dm.train_dataloader()))
+    assert len(batch) <= dm.budget and batch.request is not None
+
+
+@pytest.mark.parametrize("model", options("model"))
+@pytest.mark.parametrize("loss", options("loss"))
+def test_every_model_with_every_loss(model, loss, compose_cfg, sim_dm):
+    cfg = compose_cfg("config", f"model={model}", f"loss={loss}", *SMALL)
+    m = build_model(cfg, sim_dm)
+    assert isinstance(m, HybridRanker) and isinstance(m.loss, HybridLoss)
+    assert m.scorer.n_outputs == m.loss.n_outputs == (2 if loss == "jrc" else 1)
+    batch = next(iter(sim_dm.train_dataloader()))
+    total = m.training_step(batch, 0)
+    total.backward()
+    assert torch.isfinite(total)
+    # the stored hyper-parameters are the configs: the model rebuilds from them alone
+    again = HybridRanker(**{k: v for k, v in m.hparams.items()})
+    again.load_state_dict(m.state_dict())
+    assert torch.equal(again(batch.num, batch.cat), m(batch.num, batch.cat))
+
+
+@pytest.mark.parametrize("opt", options("optimizer"))
+@pytest.mark.parametrize("sched", options("scheduler"))
+def test_optimizers_and_schedulers(opt, sched, compose_cfg, sim_dm):
+    cfg = compose_cfg("config", f"optimizer={opt}", f"scheduler={sched}", *SMALL)
+    out = build_model(cfg, sim_dm).configure_optimizers()
+    optim = out["optimizer"] if isinstance(out, dict) else out
+    assert isinstance(optim, torch.optim.Optimizer)
+    assert optim.defaults["lr"] == cfg.model.optimizer.lr
+    if sched == "none":
+        assert not isinstance(out, dict)
+    else:
+        assert isinstance(out["lr_scheduler"]["scheduler"], torch.optim.lr_scheduler.LRScheduler
+                          | torch.optim.lr_scheduler.ReduceLROnPlateau)
+
+
+@pytest.mark.parametrize("name", options("metrics"))
+def test_metrics_options(name, compose_cfg, sim_dm):
+    m = build_model(compose_cfg("config", f"metrics={name}", *SMALL), sim_dm)
+    assert isinstance(m.new_metrics(), ListMetrics) and m.val_metrics is not m.test_metrics
+
+
+@pytest.mark.parametrize("name", options("trainer"))
+def test_trainer_options(name, compose_cfg):
+    # accelerator-specific options are built on the CPU here (a GPU run is checked where one is
+    # lent); everything else about them (precision, strategy, plugins) is instantiated as is
+    extra = [] if name in ("cpu", "ddp_cpu") else ["trainer.accelerator=cpu", "trainer.devices=1"]
+    if name == "gpu":
+        extra.append("trainer.precision=bf16-mixed")
+    trainer = build_trainer(compose_cfg("config", f"trainer={name}", *SMALL, *extra))
+    assert isinstance(trainer, pl.Trainer)
+
+
+@pytest.mark.parametrize("name", options("callbacks"))
+def test_callback_options(name, compose_cfg):
+    cfg = compose_cfg("config", f"callbacks={name}", *SMALL)
+    cbs = [hydra.utils.instantiate(c) for c in (cfg.get("callbacks") or {}).values()]
+    assert all(isinstance(c, pl.Callback) for c in cbs)
+    if name == "default":
+        assert {type(c).__name__ for c in cbs} >= {"ModelCheckpoint", "EarlyStopping", "EpochLog"}
+
+
+@pytest.mark.parametrize("name", options("logger"))
+def test_logger_options(name, compose_cfg, tmp_path):
+    if name == "tensorboard":
+        pytest.importorskip("tensorboard", reason="the tensorboard logger is an optional extra "
+                                                  "(pip install 'hybridrank[tensorboard]')")
+    cfg = compose_cfg("config", f"logger={name}", f"paths.output_dir={tmp_path}")
+    if name == "none":
+        assert not cfg.get("logger")
+    else:
+        assert isinstance(hydra.utils.instantiate(cfg.logger), pl.loggers.Logger)
+
+
+@pytest.mark.parametrize("name", options("calibrator"))
+@pytest.mark.parametrize("command", ["export", "eval"])
+def test_calibrator_options(name, command, compose_cfg):
+    cfg = compose_cfg(command, f"calibrator={name}", "checkpoint=x.ckpt",
+                      "paths.output_dir=/tmp/hybridrank-configs")
+    assert isinstance(hydra.utils.instantiate(cfg.calibrator), Calibrator)
+    assert cfg.task_name == command
+
+
+@pytest.mark.parametrize("name", options("experiment"))
+def test_experiment_options(name, compose_cfg, request, monkeypatch):
+    real = request.getfixturevalue("real_data")
+    monkeypatch.setenv("HYBRIDRANK_REAL_DATA", str(real))
+    cfg = compose_cfg("config", f"experiment={name}", "paths.output_dir=/tmp/hybridrank-configs")
+    dm = hydra.utils.instantiate(cfg.data)
+    m = build_model(cfg, dm)
+    assert m.scorer.n_numeric == len(dm.schema.numeric)
+
+
+@pytest.mark.parametrize("name", options("debug"))
+def test_debug_options(name, compose_cfg):
+    cfg = compose_cfg("config", f"debug={name}", *SMALL)
+    assert isinstance(build_trainer(cfg), pl.Trainer)
+
+
+def test_paths_and_hydra_are_shared(compose_cfg):
+    """One paths node and one hydra node for train, export and eval."""
+    for command in ("config", "export", "eval"):
+        cfg = compose_cfg(command, "checkpoint=x.ckpt") if command != "config" else compose_cfg(command)
+        assert cfg.paths.data_dir == os.environ.get("HYBRIDRANK_REAL_DATA", "../shared/data")
+    for group in ("paths", "hydra"):
+        assert options(group) == ["default"]
