@@ -104,26 +104,27 @@ def train_hybrid(overrides: Sequence[str], *, keep_dir: str | Path | None = None
     """Train one hybridrank model; return (result, splits, val logits, test logits).
 
     ``result`` is the dict of :func:`hybridrank.cli.train`. The logits are the best checkpoint's
-    pCTR logits on the val and test splits in storage order, for scoring with
-    :func:`evaluate` under any convention. Runs write into a temporary folder unless ``keep_dir``.
+    pCTR logits on the val and test splits in storage order (``HybridRanker.load_from_checkpoint``
+    and its one scoring path ``predict_split``), for scoring with :func:`evaluate` under any
+    convention. Runs write into a temporary folder unless ``keep_dir``.
     """
-    from hybridrank.cli import build, train
-    from hybridrank.module import predict_logits
+    import hydra
+
+    from hybridrank.cli import train
+    from hybridrank.module import HybridRanker
 
     with tempfile.TemporaryDirectory(prefix="hybridrank-bench-") as tmp:
         out = Path(keep_dir) if keep_dir is not None else Path(tmp)
         cfg = compose_config([f"paths.output_dir={out}", "trainer.enable_progress_bar=false",
-                              "~logger", *overrides])
+                              "logger=none", *overrides])
         result = train(cfg)
-        splits, _, module = build(cfg)  # same data, same architecture; weights from the checkpoint
         best = result.get("best_checkpoint")
-        if best:
-            state = torch.load(best, map_location="cpu", weights_only=False)["state_dict"]
-            module.load_state_dict(state)
-        else:  # no checkpoint callback: nothing better than a warning and the untrained weights
+        if not best:
             raise RuntimeError("train() kept no checkpoint; the benchmark needs callbacks=default")
-        z_val = predict_logits(module.scorer, splits.val)
-        z_test = predict_logits(module.scorer, splits.test)
+        model = HybridRanker.load_from_checkpoint(best, map_location="cpu", weights_only=True)
+        splits = hydra.utils.instantiate(cfg.data.source, _partial_=True)(schema=model.schema).load()
+        z_val = model.predict_split(splits.val)[0]
+        z_test = model.predict_split(splits.test)[0]
     return result, splits, z_val, z_test
 
 

@@ -26,7 +26,7 @@ METRICS = ("ndcg@10", "gauc", "logloss", "ece", "pcoc")
 def run(loss: str, scope: str, seed: int, epochs: int, users: int) -> dict:
     with tempfile.TemporaryDirectory() as d, initialize_config_dir(CONF_DIR, version_base="1.3"):
         cfg = compose("config", overrides=[
-            f"paths.output_dir={d}", f"loss={loss}", f"sampler.scope={scope}", f"seed={seed}",
+            f"paths.output_dir={d}", f"loss={loss}", f"data.scope={scope}", f"seed={seed}",
             f"trainer.max_epochs={epochs}", f"data.source.n_users={users}",
             "trainer.enable_progress_bar=false", "logger=csv"])
         result = train(cfg)

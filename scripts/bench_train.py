@@ -65,7 +65,7 @@ def main() -> None:
     load_s = time.perf_counter() - t
     train = splits.train
     n = train.n_impressions
-    dm = ListDataModule(splits, budget=a.budget, scope=a.scope, max_unit_size=min(512, a.budget))
+    dm = ListDataModule(splits=splits, budget=a.budget, scope=a.scope, max_unit_size=min(512, a.budget))
 
     # 1) data path alone
     loader = dm.train_dataloader()
@@ -80,7 +80,7 @@ def main() -> None:
     opt = torch.optim.Adam(scorer.parameters(), lr=2e-3)
     t = time.perf_counter()
     for b in dm.train_dataloader():
-        out = scorer(b.num, b.cat).squeeze(-1)
+        out = scorer(b.num, b.cat, b.request).squeeze(-1)
         total, _ = loss(gather_lists(out, b.rank_index, b.rank_mask),
                         gather_lists(b.label, b.rank_index, b.rank_mask), mask=b.rank_mask,
                         weights=None if b.weight is None else gather_lists(b.weight, b.rank_index, b.rank_mask))

@@ -1,7 +1,7 @@
 """Sweep the pointwise / ranking mixing weight of each hybrid loss: ordering vs calibration.
 
 For every hybrid (``bce_softmax``, ``calibrated_softmax``, ``rcr``, ``jrc``, ``bce_ranknet``) and
-every ``point_weight`` w, train with ``loss.point_weight=w`` and the ranking term's weight
+every ``point_weight`` w, train with ``model.loss.point_weight=w`` and the ranking term's weight
 ``1 - w`` (hydra overrides of ``conf/loss/<name>.yaml``), then record the test NDCG@10, ECE
 (15 quantile bins) and log loss. w = 1 is pure BCE (trained once and shared by the one-logit
 hybrids; JRC's w = 1 is BCE on its two-logit head), w = 0 pure ranking.
@@ -51,7 +51,7 @@ def run_point(base: list[str], loss: str, w: float) -> dict:
     term = HYBRIDS.get(loss)
     over = [*base, f"loss={loss}"]
     if term is not None:
-        over += [f"loss.point_weight={w}", f"loss.terms.{term}.weight={1.0 - w}"]
+        over += [f"model.loss.point_weight={w}", f"model.loss.terms.{term}.weight={1.0 - w}"]
     torch.manual_seed(0)
     t0 = time.perf_counter()
     result, *_ = C.train_hybrid(over)
