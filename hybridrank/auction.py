@@ -24,13 +24,17 @@ than ``k`` fills what it can.
 if none), so the last winner pays ``max(next, reserve_ecpm) / pctr``. It never exceeds the bid.
 ``"first_price"``: the own bid. Revenue = price x expected clicks; advertiser value = bid x expected
 clicks (**bids are taken as the advertisers' true values per click**); surplus = value - revenue;
-welfare = value (revenue is a transfer from advertisers to the seller).
+welfare = value (revenue is a transfer from advertisers to the seller). An eCPM reserve is also
+read as the value of what an empty slot shows instead (organic content, a house ad): ``outside =
+reserve_ecpm * sum_{empty slots j} f_j`` and ``total_welfare = value + outside``.
 
 **Oracle.** The same mechanism and reserves with the true pCTR as the score: the efficient
 allocation, ``bid * p_true`` assigned in decreasing order to decreasing slot factors (the
-rearrangement inequality), with the prices that the true CTRs would set. Without an eCPM reserve
-no allocation of the same candidates gets more welfare; with one, a model that over-predicts can
-admit candidates the oracle rejects, and its welfare can exceed the oracle's.
+rearrangement inequality), with the prices that the true CTRs would set. No allocation of the same
+candidates gets more ``total_welfare``: an ad earns ``(bid p - reserve_ecpm) f_j`` over the outside
+option, and the oracle shows exactly the ads for which that is >= 0, best first. Plain ``welfare``
+(ads only) of a model that over-predicts can exceed the oracle's under an eCPM reserve: it shows
+ads worth less than the outside option.
 
 **What calibration changes** (the story for an ads team):
 
@@ -76,6 +80,8 @@ class AuctionOutcome:
     Attributes:
         clicks, revenue, value: ``[R]`` expected clicks, revenue (price x clicks), advertiser value
             (bid x clicks). filled: ``[R]`` int64 slots filled.
+        outside: ``[R]`` value of the outside option in the empty slots,
+            ``reserve_ecpm * sum_{empty j} f_j`` (0 without an eCPM reserve).
         winner: ``[R, k]`` int64 row (into the flat input) in each slot, -1 where empty.
         price: ``[R, k]`` price per click, 0 where empty.
     """
@@ -84,6 +90,7 @@ class AuctionOutcome:
     revenue: np.ndarray
     value: np.ndarray
     filled: np.ndarray
+    outside: np.ndarray
     winner: np.ndarray
     price: np.ndarray
 
@@ -97,11 +104,17 @@ class AuctionOutcome:
         """``[R]`` welfare = advertiser value (revenue is a transfer)."""
         return self.value
 
+    @property
+    def total_welfare(self) -> np.ndarray:
+        """``[R]`` welfare counting the outside option of empty slots: ``value + outside``."""
+        return self.value + self.outside
+
     def totals(self) -> dict[str, float]:
         """Sums over requests."""
         return {"clicks": float(self.clicks.sum()), "revenue": float(self.revenue.sum()),
                 "value": float(self.value.sum()), "surplus": float(self.surplus.sum()),
-                "welfare": float(self.welfare.sum()), "filled": int(self.filled.sum())}
+                "welfare": float(self.welfare.sum()), "total_welfare": float(self.total_welfare.sum()),
+                "filled": int(self.filled.sum())}
 
 
 @dataclass(frozen=True)
@@ -139,7 +152,7 @@ class AuctionResult:
         if self.oracle is not None:
             o = self.oracle.totals()
             out.update({f"oracle_{k}": v for k, v in o.items()})
-            for k in ("welfare", "revenue", "clicks"):
+            for k in ("welfare", "total_welfare", "revenue", "clicks"):
                 out[f"{k}_share"] = out[k] / o[k] if o[k] > 0 else None
         return out
 
@@ -153,7 +166,7 @@ class AuctionResult:
         for prefix, oc in (("", self.model), ("oracle_", self.oracle)):
             if oc is None:
                 continue
-            for k in ("clicks", "revenue", "value", "surplus", "filled"):
+            for k in ("clicks", "revenue", "value", "surplus", "total_welfare", "filled"):
                 cols[prefix + k] = getattr(oc, k)
         return pl.DataFrame(cols)
 
@@ -256,8 +269,10 @@ def _allocate(off, bid, p_rank, p_eval, k, f, mechanism, reserve, reserve_ecpm) 
     winner[wreq, slot] = rows
     pmat = np.zeros((r, k))
     pmat[wreq, slot] = price
-    return AuctionOutcome(per_req(clicks), per_req(price * clicks), per_req(bid[rows] * clicks),
-                          np.bincount(wreq, minlength=r).astype(np.int64), winner, pmat)
+    filled = np.bincount(wreq, minlength=r).astype(np.int64)
+    outside = reserve_ecpm * (f.sum() - np.concatenate([[0.0], np.cumsum(f)])[filled])
+    return AuctionOutcome(per_req(clicks), per_req(price * clicks), per_req(bid[rows] * clicks), filled,
+                          outside, winner, pmat)
 
 
 def run_auction(bid, pctr, *, offsets=None, request_ids=None, eval_pctr=None, slots: int = 1,
@@ -360,9 +375,10 @@ def replay_frame(frame, *, score: str = "pctr", true: str | None = "p_true", bid
 def auction_stats(result: AuctionResult, *, which: str = "model", per: float = 1000.0) -> RequestStats:
     """Per-request statistics of an auction replay, for :mod:`hybridrank.uncertainty`.
 
-    Metrics: ``clicks``, ``revenue``, ``welfare``, ``surplus``, ``filled`` per ``per`` requests,
-    and with an oracle ``welfare_share``, ``revenue_share``, ``clicks_share`` (sum over requests of
-    the outcome's quantity over the oracle's, as fractions).
+    Metrics: ``clicks``, ``revenue``, ``welfare``, ``total_welfare``, ``surplus``, ``filled`` per
+    ``per`` requests, and with an oracle ``welfare_share``, ``total_welfare_share``,
+    ``revenue_share``, ``clicks_share`` (sum over requests of the outcome's quantity over the
+    oracle's, as fractions).
 
     Args:
         result: from :func:`replay_auctions`. which: ``"model"`` or ``"oracle"``.
@@ -373,13 +389,12 @@ def auction_stats(result: AuctionResult, *, which: str = "model", per: float = 1
     if oc is None:
         raise ValueError("this result has no oracle (no true pCTR was given)")
     r = result.n_requests
-    cols = {"auction:requests": np.ones(r), "auction:clicks": oc.clicks, "auction:revenue": oc.revenue,
-            "auction:welfare": oc.welfare, "auction:surplus": oc.surplus,
-            "auction:filled": oc.filled.astype(np.float64)}
-    mets = {k: ratio(f"auction:{k}", "auction:requests", scale=per, undefined="no request")
-            for k in ("clicks", "revenue", "welfare", "surplus", "filled")}
+    names = ("clicks", "revenue", "welfare", "total_welfare", "surplus", "filled")
+    cols = {"auction:requests": np.ones(r)}
+    cols.update({f"auction:{k}": getattr(oc, k).astype(np.float64) for k in names})
+    mets = {k: ratio(f"auction:{k}", "auction:requests", scale=per, undefined="no request") for k in names}
     if result.oracle is not None:
-        for k in ("welfare", "revenue", "clicks"):
+        for k in ("welfare", "total_welfare", "revenue", "clicks"):
             cols[f"oracle:{k}"] = getattr(result.oracle, k)
             mets[f"{k}_share"] = ratio(f"auction:{k}", f"oracle:{k}", undefined=f"oracle {k} is 0")
     return RequestStats(cols, mets, result.lengths.astype(np.float64), None, result.request_key)

@@ -56,7 +56,7 @@ from .metrics import (
 __all__ = [
     "Statistic", "RequestStats", "Interval", "PairedResult", "ratio", "ratio_stats",
     "ranking_stats", "calibration_stats", "frame_stats", "request_offsets", "resample_counts",
-    "bootstrap_replicates", "bootstrap", "paired_bootstrap", "check_same_requests",
+    "bootstrap_replicates", "bootstrap", "paired_bootstrap", "compare_bootstrap", "check_same_requests",
     "format_interval",
 ]
 
@@ -429,6 +429,7 @@ def _replicates(stats_list: Sequence[RequestStats], names: Sequence[str], n_boot
                 scheme: str) -> list[dict[str, tuple[np.ndarray, np.ndarray]]]:
     """Replicate values of the named metrics of several statistics under the SAME counts."""
     r = stats_list[0].n_requests
+    names = list(dict.fromkeys(names))  # a repeated name would collect its replicates twice
     acc = [{n: ([], []) for n in names} for _ in stats_list]
     for counts in resample_counts(r, n_boot, seed=seed, scheme=scheme):
         w = counts.astype(np.float64)
@@ -442,7 +443,7 @@ def _replicates(stats_list: Sequence[RequestStats], names: Sequence[str], n_boot
 
 
 def _names(stats: RequestStats, metrics: Sequence[str] | None) -> list[str]:
-    names = list(stats.metrics) if metrics is None else list(metrics)
+    names = list(stats.metrics) if metrics is None else list(dict.fromkeys(metrics))
     unknown = [n for n in names if n not in stats.metrics]
     if unknown:
         raise ValueError(f"unknown metric(s) {unknown}; available: {list(stats.metrics)}")
@@ -515,8 +516,12 @@ def bootstrap(stats: RequestStats, *, n_boot: int = 1000, alpha: float = 0.05, s
     """
     _check_alpha(alpha)
     names = _names(stats, metrics)
+    reps = _replicates([stats], names, n_boot, seed, scheme)[0]
+    return _intervals(stats, names, reps, alpha, n_boot)
+
+
+def _intervals(stats: RequestStats, names, reps, alpha: float, n_boot: int) -> dict[str, Interval]:
     point = stats.point()
-    reps = bootstrap_replicates(stats, n_boot=n_boot, seed=seed, scheme=scheme, metrics=names)
     out = {}
     for n in names:
         v, ok = reps[n]
@@ -611,8 +616,12 @@ def paired_bootstrap(a: RequestStats, b: RequestStats, *, n_boot: int = 1000, al
     else:
         names = _names(a, metrics)
         _names(b, metrics)
-    pa, pb = a.point(), b.point()
     ra, rb = _replicates([a, b], names, n_boot, seed, scheme)
+    return _paired(a, b, names, ra, rb, alpha, n_boot)
+
+
+def _paired(a, b, names, ra, rb, alpha: float, n_boot: int) -> dict[str, PairedResult]:
+    pa, pb = a.point(), b.point()
     level = f"{100 * alpha:g} %"
     out = {}
     for n in names:
@@ -637,6 +646,50 @@ def paired_bootstrap(a: RequestStats, b: RequestStats, *, n_boot: int = 1000, al
         out[n] = PairedResult(diff=pa[n] - pb[n], lower=lo, upper=hi, p_value=p, verdict=verdict,
                               note=note, **base)
     return out
+
+
+def compare_bootstrap(stats: Mapping[str, RequestStats], *, baseline: str | None = None,
+                      n_boot: int = 1000, alpha: float = 0.05, seed: int = 0, scheme: str = "multinomial",
+                      metrics: Sequence[str] | None = None,
+                      ) -> tuple[dict[str, dict[str, Interval]], dict[str, dict[str, PairedResult]]]:
+    """Intervals for several score sets (runs) on the same requests, and paired tests vs a baseline.
+
+    One set of resample counts serves every run (drawn once), so each run's intervals equal
+    :func:`bootstrap` with the same seed and each comparison equals :func:`paired_bootstrap`: the
+    building block of benchmark tables.
+
+    Args:
+        stats: run name -> statistics, all on the same requests. baseline: the run the others are
+            compared with (default the first). metrics: names every run has (default: the
+            baseline's that all runs have).
+
+    Returns:
+        ``(intervals, paired)``: run -> metric -> :class:`Interval`, and for every run but the
+        baseline, run -> metric -> :class:`PairedResult` of ``run - baseline``.
+    """
+    _check_alpha(alpha)
+    if not stats:
+        raise ValueError("no statistics to compare")
+    runs = list(stats)
+    base = runs[0] if baseline is None else baseline
+    if base not in stats:
+        raise ValueError(f"baseline {base!r} is not one of the runs {runs}")
+    for r in runs:
+        try:
+            check_same_requests(stats[base], stats[r])
+        except ValueError as e:
+            raise ValueError(f"run {r!r} vs baseline {base!r}: {e}") from None
+    if metrics is None:
+        names = [n for n in stats[base].metrics if all(n in stats[r].metrics for r in runs)]
+    else:
+        names = list(dict.fromkeys(metrics))
+        for r in runs:
+            _names(stats[r], names)
+    reps = dict(zip(runs, _replicates([stats[r] for r in runs], names, n_boot, seed, scheme)))
+    intervals = {r: _intervals(stats[r], names, reps[r], alpha, n_boot) for r in runs}
+    paired = {r: _paired(stats[r], stats[base], names, reps[r], reps[base], alpha, n_boot)
+              for r in runs if r != base}
+    return intervals, paired
 
 
 # --- formatting --------------------------------------------------------------------------------

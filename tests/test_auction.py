@@ -23,13 +23,14 @@ from hybridrank.auction import (
     replay_frame,
     run_auction,
 )
+from hybridrank.auction_cli import main
 from hybridrank.simulate import simulate_clicklog
 
 # --- the reference -----------------------------------------------------------------------------
 
 
 def ref_auction(lengths, bid, score, truth, k, factors, mechanism, reserve, reserve_ecpm):
-    """Per request: list of (row, price per click), clicks, revenue, value."""
+    """Per request: list of (row, price per click), clicks, revenue, value, outside-option value."""
     out, start = [], 0
     for n in lengths:
         cands = []
@@ -51,7 +52,8 @@ def ref_auction(lengths, bid, score, truth, k, factors, mechanism, reserve, rese
             clicks += c
             revenue += price * c
             value += bid[i] * c
-        out.append((slots, clicks, revenue, value))
+        outside = sum(reserve_ecpm * factors[j] for j in range(len(slots), k))
+        out.append((slots, clicks, revenue, value, outside))
         start += n
     return out
 
@@ -92,13 +94,13 @@ def test_matches_brute_force(case, mechanism):
     o = run_auction(bid, score, offsets=offsets_of(lengths), eval_pctr=truth, slots=k,
                     slot_factors=f, mechanism=mechanism, reserve=reserve, reserve_ecpm=reserve_ecpm)
     ref = ref_auction(lengths, bid, score, truth, k, f, mechanism, reserve, reserve_ecpm)
-    for r, (slots, clicks, revenue, value) in enumerate(ref):
+    for r, (slots, clicks, revenue, value, outside) in enumerate(ref):
         assert o.filled[r] == len(slots)
         assert o.winner[r].tolist() == [i for i, _ in slots] + [-1] * (k - len(slots))
         np.testing.assert_allclose(o.price[r], [p for _, p in slots] + [0.0] * (k - len(slots)),
                                    rtol=1e-12)
-        np.testing.assert_allclose([o.clicks[r], o.revenue[r], o.value[r]], [clicks, revenue, value],
-                                   rtol=1e-12, atol=1e-15)
+        np.testing.assert_allclose([o.clicks[r], o.revenue[r], o.value[r], o.outside[r]],
+                                   [clicks, revenue, value, outside], rtol=1e-12, atol=1e-15)
     np.testing.assert_allclose(o.surplus, o.value - o.revenue)
 
 
@@ -110,7 +112,7 @@ def test_oracle_is_the_reference_run_on_the_truth(case):
                         slot_factors=f, reserve=reserve, reserve_ecpm=reserve_ecpm)
     ref = ref_auction(lengths, bid, truth, truth, k, f, "gsp", reserve, reserve_ecpm)
     assert r.oracle.winner.tolist() == [[i for i, _ in s] + [-1] * (k - len(s)) for s, *_ in ref]
-    np.testing.assert_allclose(r.oracle.revenue, [rev for _, _, rev, _ in ref], rtol=1e-12, atol=1e-15)
+    np.testing.assert_allclose(r.oracle.revenue, [rev for _, _, rev, _, _ in ref], rtol=1e-12, atol=1e-15)
 
 
 @settings(max_examples=20)
@@ -152,6 +154,24 @@ def test_oracle_welfare_dominates(case, mechanism):
     r = replay_auctions(bid, score, offsets=offsets_of(lengths), true_pctr=truth, slots=k,
                         slot_factors=f, mechanism=mechanism, reserve=reserve)
     assert (r.oracle.welfare >= r.model.welfare - 1e-12).all()
+
+
+@settings(max_examples=30)
+@given(auctions())
+def test_oracle_total_welfare_dominates_with_an_ecpm_reserve(case):
+    lengths, bid, score, truth, k, f, reserve, reserve_ecpm = case
+    r = replay_auctions(bid, score, offsets=offsets_of(lengths), true_pctr=truth, slots=k,
+                        slot_factors=f, reserve=reserve, reserve_ecpm=reserve_ecpm)
+    assert (r.oracle.total_welfare >= r.model.total_welfare - 1e-12).all()
+
+
+def test_over_prediction_beats_the_oracle_on_ads_only_welfare_under_a_reserve():
+    bid, p = [1.0, 1.0], [0.04, 0.01]  # true eCPM 0.04 and 0.01 < reserve 0.02
+    r = replay_auctions(bid, np.asarray(p) * 4, offsets=[0, 2], true_pctr=p, slots=2, reserve_ecpm=0.02)
+    assert r.oracle.filled[0] == 1 and r.model.filled[0] == 2
+    assert r.model.welfare[0] > r.oracle.welfare[0]  # the weak ad adds value...
+    assert r.model.total_welfare[0] < r.oracle.total_welfare[0]  # ...worth less than the slot's outside option
+    assert r.oracle.outside[0] == pytest.approx(0.02) and r.model.outside[0] == 0
 
 
 @settings(max_examples=30)
@@ -303,3 +323,55 @@ def test_bad_input_replay():
         replay_frame(pl.DataFrame({"request_id": [1], "bid": [1.0], "pctr": [0.1], "p_true": [0.1]}))
     with pytest.raises(ValueError, match="slot factor kind"):
         position_factors(3, "exp")
+
+
+# --- the console command --------------------------------------------------------------------------
+
+
+def _write_scores(tmp_path, sim):
+    z = np.log(sim["p_true"] / (1 - sim["p_true"])).to_numpy()
+    base = sim.select("request_id", "bid", "p_true")
+    paths = []
+    for name, p in (("calib", sim["p_true"].to_numpy()), ("miscaled", 1 / (1 + np.exp(-(3 * z + 1))))):
+        path = tmp_path / f"{name}.parquet"
+        base.with_columns(pctr=p).write_parquet(path)
+        paths.append(str(path))
+    return paths
+
+
+def test_cli_prints_a_table_with_intervals(tmp_path, sim, capsys):
+    paths = _write_scores(tmp_path, sim)
+    rc = main([*paths, "--slots", "3", "--slot-factors", "log2", "--reserve-ecpm", "0.01", "--n-boot", "200"])
+    out = capsys.readouterr().out
+    assert rc == 0
+    rows = {}
+    for line in out.splitlines():  # first table only: the paired table repeats the names
+        if line.startswith("| "):
+            rows.setdefault(line.split(" | ")[0].strip("| "), line)
+    assert {"oracle (true pCTR)", "calib", "miscaled"} <= set(rows)
+    r = replay_frame(pl.read_parquet(paths[1]), slots=3, slot_factors=position_factors(3), reserve_ecpm=0.01)
+    share = 100 * r.summary()["welfare_share"]
+    cells = rows["miscaled"].split(" | ")
+    assert cells[4].startswith(f"{share:.2f} [") or cells[4].startswith(f"{share:.1f} [")
+    assert "100.000 [100.000, 100.000]" in rows["calib"]  # the truth as the score is the oracle
+    assert "Paired with `calib`" in out and "significant at 5 %" in out
+    assert "welfare incl. outside % of oracle" in out
+
+
+def test_cli_errors_and_warning(tmp_path, sim, capsys):
+    paths = _write_scores(tmp_path, sim)
+    other = sim.select("request_id", "bid").with_columns(pctr=pl.col("bid") * 0 + 0.1, bid=pl.col("bid") * 2)
+    other.write_parquet(tmp_path / "other.parquet")
+    assert main([paths[0], str(tmp_path / "other.parquet")]) == 2
+    assert "bids differ from calib" in capsys.readouterr().err
+    sim.select("request_id", "bid").write_parquet(tmp_path / "nopctr.parquet")
+    assert main([str(tmp_path / "nopctr.parquet")]) == 2
+    assert "missing column(s) ['pctr']" in capsys.readouterr().err
+    assert main([paths[0], "--slot-factors", "1,2,0.5"]) == 2
+    assert "non-increasing" in capsys.readouterr().err
+    sim.select("request_id", "bid").with_columns(pctr=pl.lit(0.05)).write_parquet(tmp_path / "est.parquet")
+    assert main([str(tmp_path / "est.parquet"), "--n-boot", "50"]) == 0
+    cap = capsys.readouterr()
+    assert "WARNING: no true pCTR" in cap.out and "own estimates" in cap.err
+    assert main([str(tmp_path / "est.parquet"), "--truth", paths[0], "--n-boot", "50"]) == 0
+    assert "oracle (true pCTR)" in capsys.readouterr().out

@@ -20,6 +20,7 @@ from hybridrank.uncertainty import (
     bootstrap_replicates,
     calibration_stats,
     check_same_requests,
+    compare_bootstrap,
     format_interval,
     frame_stats,
     paired_bootstrap,
@@ -185,6 +186,21 @@ def test_paired_replicates_share_the_resample_counts():
     tail = min((va - vb <= 0).sum(), (va - vb >= 0).sum())
     assert res.p_value == pytest.approx(min(1.0, 2 * (tail + 1) / 301))
     assert res.diff == pytest.approx(a.point()["logloss"] - b.point()["logloss"])
+
+
+def test_compare_bootstrap_equals_single_and_paired_calls():
+    p, y, m, noise = _sample(6, r=60)
+    runs = {n: calibration_stats(_noisy(p, noise, sd), y, m) for n, sd in (("a", 0.0), ("b", 0.5), ("c", 1.0))}
+    iv, pr = compare_bootstrap(runs, baseline="b", n_boot=150, seed=2, metrics=["logloss", "pcoc", "logloss"])
+    assert set(pr) == {"a", "c"} and list(iv["a"]) == ["logloss", "pcoc"]
+    for n in runs:
+        assert iv[n] == bootstrap(runs[n], n_boot=150, seed=2, metrics=["logloss", "pcoc"])
+    assert pr["c"] == paired_bootstrap(runs["c"], runs["b"], n_boot=150, seed=2, metrics=["logloss", "pcoc"])
+    assert bootstrap(runs["a"], n_boot=150, seed=2, metrics=["pcoc", "pcoc"])["pcoc"] == iv["a"]["pcoc"]
+    with pytest.raises(ValueError, match="baseline 'z'"):
+        compare_bootstrap(runs, baseline="z")
+    with pytest.raises(ValueError, match="run 'short' vs baseline 'a'"):
+        compare_bootstrap({"a": runs["a"], "short": calibration_stats(p[:50], y[:50], m[:50])})
 
 
 def test_paired_test_holds_its_level_on_equal_quality_models():
