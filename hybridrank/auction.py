@@ -65,7 +65,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .uncertainty import RequestStats, ratio, request_offsets
+from .request_stats import RequestStats, ratio, request_offsets
 
 __all__ = ["MECHANISMS", "AuctionOutcome", "AuctionResult", "run_auction", "replay_auctions",
            "replay_frame", "auction_stats", "position_factors"]
