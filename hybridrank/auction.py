@@ -42,17 +42,23 @@ ads worth less than the outside option.
   ``c ecpm_(j+1) / (c pctr_j)`` too. A model that over-predicts every CTR by 2x loses nothing in a
   closed GSP auction without eCPM reserve.
 - It does **not** cancel (1) with an **eCPM reserve**: ``c > 1`` admits candidates whose true
-  eCPM is below the floor and lowers the floor's price per click ``reserve_ecpm / (c pctr)``;
-  ``c < 1`` rejects good candidates; (2) when the candidates compete with others **priced on another
-  scale** (another model's ads, organic or house items with their own value estimates, a per-click
-  floor converted from an eCPM target): the mis-scaled side wins too often or too rarely; (3) for
-  anything that reads pCTR as a probability (budget pacing, auto-bidding to a CPA target).
+  eCPM is below the floor and lowers the floor's price per click ``reserve_ecpm / (c pctr)``: more
+  slots are sold (revenue can even rise) but each extra ad is worth less than what the slot would
+  show otherwise, so ``total_welfare`` falls; ``c < 1`` rejects good candidates; (2) when the
+  candidates compete with others **priced on another scale** (another model's ads, organic or
+  house items with their own value estimates, a per-click floor converted from an eCPM target):
+  the mis-scaled side wins too often or too rarely; (3) for anything that reads pCTR as a
+  probability (budget pacing, auto-bidding to a CPA target).
 - A **non-uniform distortion** such as ``sigmoid(3 logit(p) + 1)`` keeps the CTR order, but eCPM
   multiplies pCTR by a bid: whenever ``pctr' / pctr`` differs between two candidates their eCPM
   order can flip, so the allocation loses welfare, and the GSP price ``ecpm'_(j+1) / pctr'_j`` is
   off in a direction that depends on where the two candidates sit on the curve. A pure ranking loss
   identifies the score only up to such a monotone transform (an arbitrary shift, and often scale,
   of the logit), so its pCTR mis-prices by construction.
+
+**Limits of a replay.** Bids are held fixed: bidders do not react to the mechanism (GSP bids are
+not truthful in equilibrium, and first-price bidders shade, so first-price revenue = welfare here
+is an upper bound), and the candidates are the logged slate, not the full ad inventory.
 
 Reference: Edelman, Ostrovsky & Schwarz 2007, "Internet Advertising and the Generalized
 Second-Price Auction"; Varian 2007, "Position Auctions".

@@ -325,11 +325,13 @@ def compare_bootstrap(stats: Mapping[str, RequestStats], *, baseline: str | None
 # --- formatting --------------------------------------------------------------------------------
 
 
-def _decimals(half: float, digits: int | None) -> int:
+def _decimals(half: float, est: float, digits: int | None) -> int:
     if digits is not None:
         return digits
     if half > 0:  # two significant digits of the half-width
         return int(min(6, max(0, 1 - np.floor(np.log10(half)))))
+    if est != 0:  # a zero-width interval: four significant digits of the estimate
+        return int(min(6, max(0, 3 - np.floor(np.log10(abs(est))))))
     return 3
 
 
@@ -345,7 +347,7 @@ def format_interval(iv: Interval, digits: int | None = 3, *, scale: float = 1.0,
     """
     if iv.estimate is None:
         return f"n/a ({iv.note})"
-    d = _decimals(0.0 if iv.lower is None else abs(iv.upper - iv.lower) * scale / 2, digits)
+    d = _decimals(0.0 if iv.lower is None else abs(iv.upper - iv.lower) * scale / 2, iv.estimate * scale, digits)
     est = f"{iv.estimate * scale:.{d}f}{suffix}"
     if iv.lower is None:
         return f"{est} [no interval]"

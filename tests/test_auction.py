@@ -353,7 +353,7 @@ def test_cli_prints_a_table_with_intervals(tmp_path, sim, capsys):
     share = 100 * r.summary()["welfare_share"]
     cells = rows["miscaled"].split(" | ")
     assert cells[4].startswith(f"{share:.2f} [") or cells[4].startswith(f"{share:.1f} [")
-    assert "100.000 [100.000, 100.000]" in rows["calib"]  # the truth as the score is the oracle
+    assert "100.0 [100.0, 100.0]" in rows["calib"]  # the truth as the score is the oracle
     assert "Paired with `calib`" in out and "significant at 5 %" in out
     assert "welfare incl. outside % of oracle" in out
 

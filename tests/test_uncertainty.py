@@ -295,3 +295,5 @@ def test_frame_stats_and_format():
     assert format_interval(iv) == "0.516 [0.509, 0.523]"
     assert format_interval(iv, None) == "0.5161 [0.5093, 0.5228]"
     assert format_interval(iv, 1, scale=100, suffix=" %") == "51.6 % [50.9, 52.3]"
+    flat = Interval("x", 1.0, 1.0, 1.0, 0.05, 10, None, 100, 0)
+    assert format_interval(flat, None, scale=100) == "100.0 [100.0, 100.0]"
