@@ -166,7 +166,7 @@ def pack(sizes, budget: int) -> np.ndarray:
         ``[k + 1]`` int64 group bounds: group ``j`` holds items ``bounds[j]:bounds[j + 1]``.
 
     >>> pack([3, 2, 4, 1, 9, 1], 5).tolist()
-    [0, 2, 3, 4, 5, 6]
+    [0, 2, 4, 5, 6]
     """
     if budget < 1:
         raise ValueError(f"pack: budget must be >= 1, got {budget}")
