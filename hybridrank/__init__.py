@@ -18,8 +18,9 @@ from .metrics import ListMetrics, auc, ece, gauc, log_loss, mean_average_precisi
 from .module import HybridRanker, evaluate_chunks, evaluate_logits
 from .nets import LinearScorer, MLPScorer
 from .sampler import GroupBatchSampler, ListDataset, collate, unit_ids
+from .scanner import ClickLogScanner
 from .simulate import simulate_clicklog
-from .streaming import ClickLogScanner, StreamingClickLogSource, StreamingDataModule
+from .streaming import StreamingClickLogSource, StreamingDataModule
 
 __version__ = "0.1.0"
 

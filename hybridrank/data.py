@@ -25,6 +25,7 @@ import polars as pl
 import pyarrow as pa
 import torch
 
+from .libsvm import read_libsvm
 from .lists import ListData, lengths_to_offsets
 from .readers import (
     MAX_REQUEST_SPAN,
@@ -32,7 +33,6 @@ from .readers import (
     ColumnMap,
     normalize_types,
     read_clicklog,
-    read_libsvm,
     request_key_expr,
     validate_frame,
 )

@@ -8,7 +8,7 @@ the pieces they share with training:
   included) and its one scoring path :meth:`~hybridrank.module.HybridRanker.predict_split`;
 - the data: the checkpoint's training data config (or ``data=<option>``) read **with the
   checkpoint's schema**, split by split in chunks of whole requests; or ``input=<files>`` read by
-  :class:`~hybridrank.streaming.ClickLogScanner` and :meth:`~hybridrank.data.Schema.read` (cast,
+  :class:`~hybridrank.scanner.ClickLogScanner` and :meth:`~hybridrank.data.Schema.read` (cast,
   validate under the training-time policies, encode);
 - the negative-downsampling correction (``correction: auto|always|never``) and the calibrator,
   fitted on the validation split of the training data;
@@ -190,7 +190,7 @@ def input_chunks(model: HybridRanker, pattern: str, chunk_rows: int,
         ``(chunks, info)`` with ``info = {"has_label": bool, "columns": dict, "files": int}``.
     """
     from .readers import SOURCE_FILE, ColumnMap, expand_files, scan_clicklog
-    from .streaming import ClickLogScanner
+    from .scanner import ClickLogScanner
 
     schema = model.schema
     cm = dict(schema.columns.to_dict())

@@ -25,12 +25,13 @@ from omegaconf import OmegaConf
 
 from hybridrank.data import ClickLogSource, ColumnMap, LetorSource, Schema, SimulatedSource
 from hybridrank.datamodule import ListDataModule
+from hybridrank.libsvm import read_libsvm
 from hybridrank.lists import gather_lists, pad_index
 from hybridrank.losses import HybridLoss
 from hybridrank.metrics import ListMetrics, auc, gauc, ndcg
 from hybridrank.module import HybridRanker
 from hybridrank.nets import MLPScorer
-from hybridrank.readers import read_clicklog, read_libsvm, validate_frame
+from hybridrank.readers import read_clicklog, validate_frame
 from hybridrank.sampler import GroupBatchSampler, ListDataset
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
@@ -200,7 +201,7 @@ def test_libsvm_huge_index_without_n_features_is_an_error(tmp_path):
     code = textwrap.dedent(f"""
         import resource, sys
         resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30))  # 4 GiB: fail fast, never swap
-        from hybridrank.readers import read_libsvm
+        from hybridrank.libsvm import read_libsvm
         try:
             read_libsvm({str(p)!r})
         except ValueError as e:

@@ -1,0 +1,243 @@
+"""The LibSVM / LETOR / SVMrank text reader: ``label qid:Q i:v ... # comment``.
+
+One fused lazy polars query parses a well-formed file; only when something is off does a
+step-by-step parser run, to name the first malformed line (file, 1-based line, the offending
+text). The dense matrix is filled by one numpy scatter; no Python loop per line.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+
+from .readers import _decode_utf8
+
+__all__ = ["read_libsvm", "MAX_DENSE_CELLS"]
+
+log = logging.getLogger(__name__)
+
+#: read_libsvm without n_features refuses a dense matrix larger than this (2 GiB of float64):
+#: a stray huge index (a typo) would otherwise allocate rows x index values.
+MAX_DENSE_CELLS = 1 << 28
+
+
+def _clip(text: str | None, n: int = 120) -> str:
+    text = "" if text is None else text
+    return text if len(text) <= n else text[: n - 3] + "..."
+
+
+def _raise_libsvm_error(path: Path, frame: pl.DataFrame, feats: pl.DataFrame,
+                        n_features: int | None) -> None:
+    """Raise the ValueError for the first malformed line (only called when one exists)."""
+    errors: list[tuple[int, str]] = []
+    feats = feats.join(frame.select("row", "line", "text"), on="row", how="left")
+
+    def first(df: pl.DataFrame, mask: pl.Expr, what: str, token: str) -> None:
+        bad = df.filter(mask)
+        if bad.height:
+            r = bad.row(0, named=True)
+            errors.append((r["line"], f"{what} {r[token]!r} (in {_clip(r['text'])!r})"))
+
+    first(frame, pl.col("label").is_null(), "bad label", "label_s")
+    first(frame, pl.col("qid").is_null() | (pl.col("qid") == ""), "missing or empty qid:, got",
+          "qid_s")
+    no_colon = pl.col("field_1").is_null()
+    first(feats, no_colon, "feature token without ':'", "feat")
+    first(feats, ~no_colon & pl.col("idx").is_null(), "non-integer feature index in", "feat")
+    first(feats, ~no_colon & pl.col("val").is_null(), "non-numeric feature value in", "feat")
+    first(feats, pl.col("idx") < 1, "feature index < 1 in", "feat")
+    if n_features is not None:
+        first(feats, pl.col("idx") > n_features, f"feature index > n_features={n_features} in",
+              "feat")
+    first(feats, pl.col("dup"), "duplicate feature index in", "feat")
+    line, msg = min(errors)
+    raise ValueError(f"{path}: line {line}: {msg}")
+
+
+def read_libsvm(path: str | Path, *, n_features: int | None = None) -> pl.DataFrame:
+    """Read a LibSVM / LETOR / SVMrank file: ``label qid:Q i:v i:v ... # comment``.
+
+    Sparse indices are allowed (absent features are 0), as are CRLF line endings, tabs or several
+    spaces between tokens, and blank lines or lines holding only a ``#`` comment (both skipped,
+    they carry no row). Everything after the first ``#`` is kept in the ``comment`` column
+    (MQ2008 stores the document id there).
+
+    A qid that reappears after another qid's rows (two non-adjacent blocks) is kept as one
+    request: :meth:`hybridrank.data.Schema.transform` groups rows by qid in order of first
+    appearance. A warning with the count is logged, since files written by LETOR tools never do it.
+
+    Vectorised: the file is split into lines once, tokens are parsed with polars expressions, and
+    the dense matrix is filled by one numpy scatter.
+
+    Args:
+        path: the text file (UTF-8 / ASCII).
+        n_features: width of the dense matrix; default the largest index in the file. An index
+            larger than ``n_features`` is an error (nothing is dropped silently).
+
+    Returns:
+        Frame with ``label`` (float64), ``qid`` (string, the text after ``qid:``), ``f1..fK``
+        (float64), ``comment`` (string, null where absent) and ``line`` (1-based line number).
+
+    Raises:
+        FileNotFoundError: the file does not exist.
+        ValueError: empty file, non-UTF-8 bytes, or a malformed line (bad label, missing qid,
+            token without ``:``, bad index, non-numeric value, index < 1 or > n_features,
+            duplicate index in a line), naming the file, the line number and the offending text.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"LibSVM file not found: {path}")
+    text = _decode_utf8(path, path.read_bytes(), "LibSVM files")
+    lines = text.split("\n")
+    irregular = "\t" in text or "  " in text
+    parsed = _libsvm_fast(lines, n_features, irregular)
+    if parsed is None:  # something is off: the step-by-step parser finds and names the line
+        parsed = _libsvm_careful(path, lines, n_features)
+    return _libsvm_frame(path, *parsed, n_features)
+
+
+def _libsvm_fast(lines: list[str], n_features: int | None, irregular: bool):
+    """One fused lazy polars query for well-formed files.
+
+    Returns ``(head, row, idx, val)`` — per-line ``label, qid, comment, line`` and the
+    ``(row, index, value)`` triple of every feature token — or None when any line is malformed
+    (then :func:`_libsvm_careful` reports it) or the file has no row.
+    """
+    body = pl.col("field_0").str.strip_chars()
+    if irregular:  # tabs, runs of spaces, stray CR: normalise first (rare, slower)
+        body = body.str.replace_all(r"\s+", " ")
+    lf = (
+        pl.LazyFrame({"text": lines}).with_row_index("line", offset=1)
+        .with_columns(pl.col("text").str.strip_chars())
+        .filter((pl.col("text") != "") & ~pl.col("text").str.starts_with("#"))
+        .with_columns(pl.col("text").str.splitn("#", 2).alias("_p")).unnest("_p")
+        .with_columns(body.str.split(" ").alias("tok"),
+                      pl.col("field_1").str.strip_chars().alias("comment"))
+        .with_row_index("row")
+    )
+    qid = pl.col("tok").list.get(1, null_on_oob=True)
+    head = lf.select(
+        pl.col("tok").list.get(0, null_on_oob=True).cast(pl.Float64, strict=False).alias("label"),
+        pl.when(qid.str.starts_with("qid:")).then(qid.str.slice(4)).alias("qid"),
+        "comment", pl.col("line").cast(pl.Int64))
+    feats = (
+        lf.select("row", pl.col("tok").list.slice(2).alias("feat")).explode("feat")
+        .drop_nulls("feat")
+        .select("row", pl.col("feat").str.splitn(":", 2).alias("kv")).unnest("kv")
+        .select("row", pl.col("field_1").is_null().alias("no_colon"),
+                pl.col("field_0").cast(pl.Int64, strict=False).alias("idx"),
+                pl.col("field_1").cast(pl.Float64, strict=False).alias("val"))
+    )
+    head, feats = pl.collect_all([head, feats])
+    if head.height == 0 or head["label"].null_count() or head["qid"].null_count():
+        return None
+    if (head["qid"] == "").any() or feats["no_colon"].any():
+        return None
+    if feats["idx"].null_count() or feats["val"].null_count():
+        return None
+    row = feats["row"].to_numpy().astype(np.int64)
+    idx = feats["idx"].to_numpy()
+    if idx.size and (idx.min() < 1 or (n_features is not None and idx.max() > n_features)):
+        return None
+    if _has_duplicate_index(row, idx).any():
+        return None
+    return head, row, idx, feats["val"].to_numpy()
+
+
+def _has_duplicate_index(row: np.ndarray, idx: np.ndarray) -> np.ndarray:
+    """``[n]`` True where a (row, index) pair repeats an earlier token of the same line."""
+    dup = np.zeros(row.size, dtype=bool)
+    # indices usually increase inside a line (a cheap check); otherwise sort the keys
+    if row.size > 1 and np.any((row[1:] == row[:-1]) & (idx[1:] <= idx[:-1])):
+        key = row * (int(idx.max()) + 1) + idx
+        order = np.argsort(key, kind="stable")
+        d_sorted = np.zeros(row.size, dtype=bool)
+        d_sorted[1:] = key[order][1:] == key[order][:-1]
+        dup[order] = d_sorted
+    return dup
+
+
+def _libsvm_careful(path: Path, lines: list[str], n_features: int | None):
+    """The step-by-step parser: same result as the fast one, and file:line errors when malformed."""
+    frame = (
+        pl.DataFrame({"text": lines})
+        .with_row_index("line", offset=1)
+        .with_columns(pl.col("line").cast(pl.Int64), pl.col("text").str.strip_chars())
+        .filter((pl.col("text") != "") & ~pl.col("text").str.starts_with("#"))
+    )
+    if frame.height == 0:
+        raise ValueError(f"{path}: empty file: no LibSVM rows (only blank or comment lines)")
+    body = pl.col("body").str.strip_chars()
+    if frame["text"].str.contains(r"\s\s|\t").any():  # irregular whitespace: normalise (rare)
+        body = body.str.replace_all(r"\s+", " ")
+    frame = (
+        frame.with_columns(pl.col("text").str.splitn("#", 2).alias("_parts"))
+        .unnest("_parts")
+        .rename({"field_0": "body", "field_1": "comment"})
+        .with_columns(pl.col("comment").str.strip_chars(), body.str.split(" ").alias("tok"))
+        .with_columns(
+            pl.col("tok").list.get(0, null_on_oob=True).alias("label_s"),
+            pl.col("tok").list.get(1, null_on_oob=True).alias("qid_s"),
+            pl.col("tok").list.slice(2).alias("feat"),
+        )
+        .with_columns(
+            pl.col("label_s").cast(pl.Float64, strict=False).alias("label"),
+            pl.when(pl.col("qid_s").str.starts_with("qid:"))
+            .then(pl.col("qid_s").str.slice(4)).alias("qid"),
+        )
+        .with_row_index("row")
+    )
+    feats = (
+        frame.lazy().select("row", "feat").explode("feat").drop_nulls("feat")
+        .with_columns(pl.col("feat").str.splitn(":", 2).alias("_kv")).unnest("_kv")
+        .with_columns(pl.col("field_0").cast(pl.Int64, strict=False).alias("idx"),
+                      pl.col("field_1").cast(pl.Float64, strict=False).alias("val"))
+        .collect()
+    )
+    row = feats["row"].to_numpy().astype(np.int64)
+    idx = feats["idx"].to_numpy()
+    dup = (_has_duplicate_index(row, idx) if feats["idx"].null_count() == 0
+           else np.zeros(row.size, dtype=bool))
+    feats = feats.with_columns(pl.Series("dup", dup))
+    bad_feat = (pl.col("field_1").is_null() | pl.col("idx").is_null() | pl.col("val").is_null()
+                | (pl.col("idx") < 1) | pl.col("dup"))
+    if n_features is not None:
+        bad_feat = bad_feat | (pl.col("idx") > n_features)
+    bad_line = pl.col("label").is_null() | pl.col("qid").is_null() | (pl.col("qid") == "")
+    if frame.select(bad_line.any()).item() or feats.select(bad_feat.any()).item():
+        _raise_libsvm_error(path, frame, feats, n_features)
+
+    return frame.select("label", "qid", "comment", "line"), row, idx, feats["val"].to_numpy()
+
+
+def _libsvm_frame(path: Path, frame: pl.DataFrame, row: np.ndarray, idx: np.ndarray,
+                  val: np.ndarray, n_features: int | None) -> pl.DataFrame:
+    """Scatter the parsed ``(row, index, value)`` triples into the dense output frame."""
+    n_rows = frame.height
+    if n_features is None and idx.size and n_rows * int(idx.max()) > MAX_DENSE_CELLS:
+        r = int(np.argmax(idx))
+        raise ValueError(
+            f"{path}: line {frame['line'][int(row[r])]}: feature index {int(idx[r])} would make a "
+            f"dense matrix of {n_rows} x {int(idx[r])} values ({n_rows * int(idx[r]) * 8 / 2**30:.1f}"
+            f" GiB); pass n_features (the true width: larger indices are then an error) or fix "
+            f"the line")
+    width = int(n_features) if n_features is not None else (int(idx.max()) if idx.size else 0)
+    mat = np.zeros((n_rows, width), dtype=np.float64)
+    mat[row, idx - 1] = val
+
+    out = pl.concat(
+        [frame.select("label", "qid"),
+         pl.from_numpy(mat, schema=[f"f{i}" for i in range(1, width + 1)]),
+         frame.select("comment", "line")],
+        how="horizontal",
+    )
+    blocks = int((out["qid"] != out["qid"].shift()).sum()) + 1 if n_rows > 1 else n_rows
+    n_q = out["qid"].n_unique()
+    if blocks != n_q:
+        log.warning("%s: %d qid(s) appear in more than one block of lines; each qid is kept as "
+                    "one request (rows grouped by qid, in order of first appearance)",
+                    path, blocks - n_q)
+    return out
