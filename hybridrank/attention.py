@@ -2,38 +2,35 @@
 
 A scorer sees a flat batch ``[B, ...]`` whose rows are grouped into lists (requests) by
 ``request [B]``: the rows of one list are adjacent, and a new list starts wherever the id changes.
-Attention must mix rows of one list only. It runs on a padded layout built from ``request``:
+Attention must mix rows of one list only. It runs on a padded layout built from ``request`` by
+:func:`list_layout`: the lists are grouped into a few blocks by length, and block ``b`` is a
+padded ``[G_b, L_b]`` grid of row indices (``G_b`` lists, ``L_b`` the longest of them) with a
+mask of the real slots, plus ``back [B]`` that finds each row's result again. Padding slots are
+never attended to (keys masked) and their results are never read, so padding and the other
+lists of the batch do not change a list's outputs.
 
-- ``src [G, L]`` (int64): row of the flat batch at slot ``(g, l)`` of list ``g``; padding slots
-  repeat the list's first row, so every index is valid;
-- ``mask [G, L]`` (bool): True where the slot holds a real row of the list;
-- ``back [B]`` (int64): where each row's result sits in the flattened ``[G * L]`` output.
-
-``G`` is the number of lists and ``L`` the longest list. Padding slots are never attended to
-(keys masked), and their own results are dropped by ``back``, so padding and the other lists of
-the batch never change a list's outputs.
-
-Two layouts give the same values:
-
-- :func:`list_layout`, one padded block ``[G, L]``, in tensor operations only, so a traced or
-  ONNX-exported scorer computes it from the ``request`` input at run time: the export works for
-  any number of lists and any list lengths. Memory per attention layer: ``G * L * 3 * d_model``
-  floats for queries, keys and values, plus the scores ``G * n_heads * L * L`` floats where the
-  kernel materializes them (ONNX Runtime does; PyTorch's fused CPU kernel does not).
-- :func:`bucketed_layout`, eager PyTorch only: lists grouped by length into powers of two, one
-  padded block per group, so one long list does not pad thousands of short ones to its length
-  (``sum_g L_g^2`` instead of ``G * L_max^2``).
+The same layout serves training, evaluation and exports. It is made of tensor operations only,
+so a traced (TorchScript) or ONNX-exported scorer recomputes it from its ``request`` input at
+run time, for any batch size, number of lists and list lengths. Memory per attention layer, with
+``S = sum over blocks of (G_b + 1) * L_b`` padded slots and ``Q = sum over blocks of
+(G_b + 1) * L_b^2``: ``3 * d_model * S`` floats for queries, keys and values, and
+``n_heads * Q`` floats of attention scores where the kernel materializes them (ONNX Runtime
+does; PyTorch's fused CPU kernel does not). With the default length bounds (8, 32, 128, 512) a
+list is padded to at most 4 times its length (or to the longest list, beyond 512), so ``Q`` stays
+within ``16 * sum_g L_g^2`` and is usually near ``2 * sum_g L_g^2``, where one block would need
+``G * L_max^2``.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["list_layout", "bucketed_layout", "check_request", "ListAttentionBlock"]
+__all__ = ["list_layout", "check_request", "ListAttentionBlock"]
 
 Layout = tuple[list[torch.Tensor], list[torch.Tensor], torch.Tensor]
 
@@ -47,78 +44,57 @@ def _runs(request: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tens
     return starts, ends - starts, group
 
 
-def list_layout(request: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """One padded ``[G, L]`` layout of the lists of a flat batch (export-friendly).
+def list_layout(request: torch.Tensor, bounds: Sequence[int] = (8, 32, 128, 512), *,
+                skip_empty: bool = False) -> Layout:
+    """Padded layout of the lists of a flat batch, lists grouped into blocks by length.
 
-    Only tensor operations, no Python number taken from the data (``L`` is the length of a
-    ``nonzero`` result), so ``torch.jit.trace`` and the ONNX export record a computation that
+    Block ``j`` holds the lists whose length lies in ``(bounds[j-1], bounds[j]]`` (the last block:
+    longer than ``bounds[-1]``), padded to the longest list of the block, so a few long lists do
+    not pad many short ones to their length. ``bounds=()`` gives a single block. Every block also
+    holds one dummy list (row 0, length 1; no row's result is read from it), so that no tensor is
+    ever empty: ONNX Runtime mishandles zero-sized reshapes.
+
+    Only tensor operations, no Python number taken from the data (a block's width is the length of
+    a ``nonzero`` result), so ``torch.jit.trace`` and the ONNX export record a computation that
     follows the ``request`` input at run time.
 
     Args:
-        request: ``[B]`` integer list ids; a list is a run of equal adjacent ids.
+        request: ``[B]`` integer list ids, ``B >= 1``; a list is a run of equal adjacent ids.
+        bounds: increasing list lengths that separate the blocks.
+        skip_empty: leave out blocks without a list (eager mode; a trace must keep them all).
 
     Returns:
-        ``(src [G, L], mask [G, L], back [B])`` as described in the module docstring.
+        ``(srcs, masks, back)``: per block ``src [G_b + 1, L_b]`` (rows of the flat batch; padding
+        repeats the list's first row) and ``mask [G_b + 1, L_b]`` (True on real rows), and
+        ``back [B]``, the position of each row's result in the concatenation of the flattened
+        blocks.
 
-    >>> src, mask, back = list_layout(torch.tensor([7, 7, 7, 9]))
-    >>> src.tolist(), mask.tolist(), back.tolist()
-    ([[0, 1, 2], [3, 3, 3]], [[True, True, True], [True, False, False]], [0, 1, 2, 3])
+    >>> srcs, masks, back = list_layout(torch.tensor([7, 7, 7, 9]), bounds=())
+    >>> srcs[0].tolist(), masks[0].tolist(), back.tolist()
+    ([[0, 1, 2], [3, 3, 3], [0, 0, 0]], [[True, True, True], [True, False, False], [True, False, False]], [0, 1, 2, 3])
     """
     starts, counts, group = _runs(request)
     rows = torch.arange(request.shape[0], device=request.device)
-    longest = torch.cat([counts, counts.new_zeros(1)]).max()
-    steps = torch.nonzero(rows < longest).squeeze(1)  # 0..L-1
-    mask = steps[None, :] < counts[:, None]
-    src = torch.where(mask, starts[:, None] + steps[None, :], starts[:, None])
-    back = group * steps.shape[0] + (rows - starts[group])
-    return src, mask, back
-
-
-def bucketed_layout(request: torch.Tensor, *, min_gain: float = 2.0) -> Layout:
-    """Lists grouped by length (powers of two) into several padded blocks (eager only).
-
-    Falls back to the single block of :func:`list_layout` unless bucketing divides the padded
-    attention cost ``sum over blocks of G_b * L_b^2`` by at least ``min_gain``.
-
-    Args:
-        request: ``[B]`` integer list ids; a list is a run of equal adjacent ids.
-        min_gain: the least cost reduction worth several blocks (``0`` always buckets).
-
-    Returns:
-        ``(srcs, masks, back)``: one ``[G_b, L_b]`` index and mask per block, and ``back [B]``
-        into the concatenation of the flattened blocks.
-
-    >>> srcs, masks, back = bucketed_layout(torch.tensor([0, 1, 1, 1, 1, 1, 2]), min_gain=0)
-    >>> [s.tolist() for s in srcs], back.tolist()
-    ([[[0], [6]], [[1, 2, 3, 4, 5]]], [0, 2, 3, 4, 5, 6, 1])
-    """
-    b = request.shape[0]
-    starts, counts, group = _runs(request)
-    if b == 0:
-        src, mask, back = list_layout(request)
-        return [src], [mask], back
-    # bucket e holds the lists of length in (2^(e-1), 2^e]; frexp gives e for counts - 1 >= 1
-    bucket = torch.frexp((counts - 1).double())[1]
-    ids, inverse = torch.unique(bucket, return_inverse=True)
-    n_per = torch.bincount(inverse, minlength=ids.numel())
-    l_per = torch.zeros_like(n_per).scatter_reduce(0, inverse, counts, reduce="amax")
-    single = float(counts.numel()) * float(counts.max()) ** 2
-    split = float((n_per * l_per * l_per).sum())
-    if ids.numel() == 1 or split * min_gain > single:
-        src, mask, back = list_layout(request)
-        return [src], [mask], back
+    slot = torch.zeros_like(counts)  # flat position of each list's first slot
+    offset = counts.new_zeros(())
     srcs, masks = [], []
-    slot = torch.empty_like(counts)  # flat offset of each list's first slot
-    offset = 0
-    for j, n_max in enumerate(l_per.tolist()):
-        gids = torch.nonzero(inverse == j).squeeze(1)
-        steps = torch.arange(n_max, device=request.device)
-        mask = steps[None, :] < counts[gids, None]
-        srcs.append(torch.where(mask, starts[gids, None] + steps, starts[gids, None]))
+    lo = 0
+    for hi in [*bounds, None]:
+        inside = counts > lo if hi is None else (counts > lo) & (counts <= int(hi))
+        lo = 0 if hi is None else int(hi)
+        gids = torch.nonzero(inside).squeeze(1)
+        if skip_empty and gids.numel() == 0:
+            continue
+        n = torch.cat([counts[gids], counts.new_ones(1)])  # + the dummy list
+        first = torch.cat([starts[gids], counts.new_zeros(1)])
+        steps = torch.nonzero(rows < n.max()).squeeze(1)  # 0..L_b-1
+        mask = steps[None, :] < n[:, None]
+        srcs.append(torch.where(mask, first[:, None] + steps[None, :], first[:, None]))
         masks.append(mask)
-        slot[gids] = offset + torch.arange(gids.numel(), device=request.device) * n_max
-        offset += gids.numel() * n_max
-    back = slot[group] + (torch.arange(b, device=request.device) - starts[group])
+        width = steps.shape[0]
+        slot = slot + inside.long() * (offset + (torch.cumsum(inside.long(), 0) - 1) * width)
+        offset = offset + n.shape[0] * width
+    back = slot[group] + (rows - starts[group])
     return srcs, masks, back
 
 

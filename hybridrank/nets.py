@@ -36,7 +36,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from .attention import ListAttentionBlock, bucketed_layout, check_request, list_layout
+from .attention import ListAttentionBlock, check_request, list_layout
 
 __all__ = ["MLPScorer", "LinearScorer", "FMScorer", "DeepFMScorer", "DCNv2Scorer", "ListAwareScorer",
            "embedding_dim", "init_output_bias"]
@@ -349,11 +349,10 @@ class ListAwareScorer(nn.Module):
 
     ``request`` is required (a ValueError otherwise): the rows of one request must be adjacent,
     and batches must hold whole requests, since a request cut in two is scored as two lists.
-    In eager PyTorch the attention runs on lists grouped by length when that saves at least half
-    the padded work (``bucket_lists``); under ``torch.jit.trace`` (TorchScript), the ONNX export
-    or ``torch.compile`` it always uses one padded ``[G, L]`` block computed from ``request`` at
-    run time (see :mod:`hybridrank.attention` for the memory), so an export serves any batch size,
-    number of lists and list lengths. The two give the same values.
+    Attention runs on padded blocks of lists of similar lengths, computed from ``request`` with
+    tensor operations only (:func:`~hybridrank.attention.list_layout`, which also gives the
+    memory), so a ``torch.jit.trace`` (TorchScript) or ONNX export serves any batch size, number
+    of lists and list lengths, and computes what eager PyTorch does.
 
     Args:
         n_numeric: number of numeric features ``F``.
@@ -366,7 +365,8 @@ class ListAwareScorer(nn.Module):
         hidden: hidden widths of the per-impression encoder before the projection to ``d_model``.
         emb_dim: the largest embedding width.
         dropout: dropout in the encoder MLP and on the blocks' residual branches.
-        bucket_lists: in eager mode, group lists by length for attention when worthwhile.
+        length_bounds: list lengths that separate the blocks of the attention layout (``()``: one
+            block padded to the longest list of the batch).
         base_rate: starting click rate.
 
     >>> s = ListAwareScorer(2, [5], d_model=8, n_heads=2, ffn_dim=8, hidden=())
@@ -377,14 +377,16 @@ class ListAwareScorer(nn.Module):
     list_aware = True
 
     def __init__(self, n_numeric: int, vocab_sizes: Sequence[int] = (), n_outputs: int = 1,
-                 d_model: int = 64, n_heads: int = 4, n_layers: int = 2, ffn_dim: int = 128,
+                 d_model: int = 32, n_heads: int = 2, n_layers: int = 2, ffn_dim: int = 64,
                  hidden: Sequence[int] = (128,), emb_dim: int = 16, dropout: float = 0.0,
-                 bucket_lists: bool = True, base_rate: float | None = None):
+                 length_bounds: Sequence[int] = (8, 32, 128, 512), base_rate: float | None = None):
         super().__init__()
         self.n_numeric = int(n_numeric)
         self.vocab_sizes = tuple(int(v) for v in vocab_sizes)
         self.n_outputs = n_outputs
-        self.bucket_lists = bool(bucket_lists)
+        self.length_bounds = tuple(int(n) for n in length_bounds)
+        if any(n < 1 for n in self.length_bounds) or list(self.length_bounds) != sorted(set(self.length_bounds)):
+            raise ValueError(f"length_bounds must be increasing positive lengths, got {length_bounds}")
         self.embeddings = _Embeddings(self.vocab_sizes, emb_dim)
         width = self.n_numeric + self.embeddings.out_dim
         _check_sizes(n_outputs, width)
@@ -401,12 +403,10 @@ class ListAwareScorer(nn.Module):
         if not exporting:
             check_request(request, num.shape[0], type(self).__name__)
         assert request is not None  # checked above; for TorchScript's type refinement
-        if exporting or not self.bucket_lists:
-            src, mask, back = list_layout(request)
-            layout = ([src], [mask], back)
-        else:
-            layout = bucketed_layout(request)
         h = self.encoder(torch.cat([num, self.embeddings(cat)], dim=1))
+        if not exporting and num.shape[0] == 0:
+            return self.head(self.norm(h))
+        layout = list_layout(request, self.length_bounds, skip_empty=not exporting)
         for block in self.blocks:
             h = block(h, layout)
         return self.head(self.norm(h))

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hybridrank.attention import bucketed_layout, list_layout
+from hybridrank.attention import list_layout
 from hybridrank.nets import (
     DCNv2Scorer,
     DeepFMScorer,
@@ -119,6 +119,8 @@ def test_bad_options_refused():
         DCNv2Scorer(3, low_rank=0)
     with pytest.raises(ValueError, match="divisible"):
         ListAwareScorer(3, d_model=10, n_heads=4)
+    with pytest.raises(ValueError, match="length_bounds"):
+        ListAwareScorer(3, length_bounds=(8, 4))
 
 
 @pytest.mark.parametrize("cls", [FMScorer, DeepFMScorer, DCNv2Scorer, ListAwareScorer])
@@ -233,12 +235,13 @@ def reference_list_aware(model: ListAwareScorer, num, cat, request) -> torch.Ten
 
 
 list_lengths = st.lists(st.integers(1, 12), min_size=1, max_size=6)
+BOUNDS = st.sampled_from([(8, 32, 128, 512), (), (1,), (2, 3, 5)])
 
 
 @settings(max_examples=25)
-@given(lengths=list_lengths, bucket=st.booleans(), seed=st.integers(0, 2**16))
-def test_list_aware_matches_loop_reference(lengths, bucket, seed):
-    model = randomize(build("list_aware", n_outputs=2, bucket_lists=bucket), seed)
+@given(lengths=list_lengths, bounds=BOUNDS, seed=st.integers(0, 2**16))
+def test_list_aware_matches_loop_reference(lengths, bounds, seed):
+    model = randomize(build("list_aware", n_outputs=2, length_bounds=bounds), seed)
     num, cat, request = batch(lengths, seed=seed)
     with torch.no_grad():
         torch.testing.assert_close(model(num, cat, request), reference_list_aware(model, num, cat, request),
@@ -262,12 +265,11 @@ def test_list_aware_permutation_within_list(lengths, data):
 
 
 @settings(max_examples=25)
-@given(lengths=list_lengths, others=st.lists(st.integers(1, 40), max_size=4), bucket=st.booleans(),
-       data=st.data())
-def test_list_aware_other_lists_and_padding_change_nothing(lengths, others, bucket, data):
+@given(lengths=list_lengths, others=st.lists(st.integers(1, 40), max_size=4), bounds=BOUNDS, data=st.data())
+def test_list_aware_other_lists_and_padding_change_nothing(lengths, others, bounds, data):
     """A list scored alone, or next to other lists (longer ones pad it more; their features may be
     huge or NaN), gets the same outputs."""
-    model = randomize(build("list_aware", bucket_lists=bucket))
+    model = randomize(build("list_aware", length_bounds=bounds))
     num, cat, request = batch(lengths)
     g = data.draw(st.integers(0, len(lengths) - 1))
     rows = request == g
@@ -305,36 +307,43 @@ def test_list_aware_output_depends_on_its_list_only():
 
 
 @settings(max_examples=25)
-@given(lengths=st.lists(st.integers(1, 50), min_size=1, max_size=10), ids=st.data())
-def test_layouts_cover_every_row_once(lengths, ids):
-    """Both layouts place each row once, with the rows of its own list only, and ``back`` finds it."""
+@given(lengths=st.lists(st.integers(1, 50), min_size=1, max_size=10), ids=st.data(),
+       bounds=BOUNDS, skip_empty=st.booleans())
+def test_layout_covers_every_row_once(lengths, ids, bounds, skip_empty):
+    """Each row sits in one slot, among the rows of its own list only, ``back`` finds it, and each
+    list lies in the block its length calls for (plus one dummy list per block)."""
     request = torch.repeat_interleave(torch.tensor(sorted(ids.draw(st.lists(
         st.integers(-1000, 1000), min_size=len(lengths), max_size=len(lengths), unique=True)))),
         torch.tensor(lengths))
-    single = list_layout(request)
-    for srcs, masks, back in [([single[0]], [single[1]], single[2]), bucketed_layout(request, min_gain=0)]:
-        flat_src = torch.cat([s.flatten() for s in srcs])
-        flat_mask = torch.cat([m.flatten() for m in masks])
-        assert torch.equal(flat_src[back], torch.arange(request.numel()))
-        assert flat_mask[back].all() and int(flat_mask.sum()) == request.numel()
-        assert sorted(int(row.sum()) for m in masks for row in m) == sorted(lengths)
-        for s, m in zip(srcs, masks):
-            for row_s, row_m in zip(s, m):  # one list per row, padding repeats its own first row
-                assert (request[row_s] == request[row_s[0]]).all() and row_m[: int(row_m.sum())].all()
+    srcs, masks, back = list_layout(request, bounds, skip_empty=skip_empty)
+    flat_src = torch.cat([s.flatten() for s in srcs])
+    flat_mask = torch.cat([m.flatten() for m in masks])
+    assert torch.equal(flat_src[back], torch.arange(request.numel()))
+    assert flat_mask[back].all()
+    edges = [0, *bounds, math.inf]
+    blocks = [[n for n in lengths if lo < n <= hi] for lo, hi in zip(edges[:-1], edges[1:])]
+    if skip_empty:
+        blocks = [b for b in blocks if b]
+    assert len(srcs) == len(blocks)
+    for s, m, want in zip(srcs, masks, blocks):
+        assert s.shape == m.shape == (len(want) + 1, max(want, default=1))
+        assert [int(r.sum()) for r in m] == [*want, 1]  # the lists in order, then the dummy
+        assert s[-1].eq(0).all()
+        for row_s, row_m in zip(s, m):  # one list per row, padding repeats its own first row
+            assert (request[row_s] == request[row_s[0]]).all() and row_m[: int(row_m.sum())].all()
 
 
-def test_bucketed_and_single_layout_agree_on_skewed_lists():
-    """One long list among many short ones: the bucketed path (taken here) equals the single block."""
-    lengths = [1, 2, 3] * 20 + [120] + [5] * 10
-    _, masks, _ = bucketed_layout(batch(lengths)[2])
-    assert len(masks) > 1
+def test_blocks_and_one_block_agree_on_skewed_lists():
+    """One long list among many short ones: the blocked layout equals one block padded to 120."""
+    lengths = [1, 2, 3] * 20 + [120] + [5] * 10 + [20]
     model = randomize(build("list_aware", n_outputs=2))
     num, cat, request = batch(lengths)
+    assert len(list_layout(request, model.length_bounds, skip_empty=True)[0]) == 3
     with torch.no_grad():
-        bucketed = model(num, cat, request)
-        model.bucket_lists = False
+        blocked = model(num, cat, request)
+        model.length_bounds = ()
         single = model(num, cat, request)
-    torch.testing.assert_close(bucketed, single, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(blocked, single, atol=1e-5, rtol=1e-5)
 
 
 def test_list_aware_refuses_bad_request():
@@ -367,7 +376,7 @@ def export_both(model, example, path):
     return torch.jit.load(str(path / "m.pt")), ort.InferenceSession(str(path / "m.onnx")), names
 
 
-STRUCTURES = [[1], [2] * 10, [40], [1, 17, 3, 1, 8], [6, 6, 6]]
+STRUCTURES = [[1], [2] * 10, [40], [1, 17, 3, 1, 8], [6, 6, 6], [2, 600, 9]]
 
 
 @pytest.mark.slow
