@@ -16,9 +16,11 @@ run time, for any batch size, number of lists and list lengths. Memory per atten
 (G_b + 1) * L_b^2``: ``3 * d_model * S`` floats for queries, keys and values, and
 ``n_heads * Q`` floats of attention scores where the kernel materializes them (ONNX Runtime
 does; PyTorch's fused CPU kernel does not). With the default length bounds (8, 32, 128, 512) a
-list is padded to at most 4 times its length (or to the longest list, beyond 512), so ``Q`` stays
-within ``16 * sum_g L_g^2`` and is usually near ``2 * sum_g L_g^2``, where one block would need
-``G * L_max^2``.
+list of more than 8 rows is padded to less than 4 times its length, a shorter one to 8 at most,
+and one of more than 512 to the longest list of the batch; so, lists of more than 512 apart,
+``Q <= 16 * sum_g max(L_g, 2)^2`` plus the dummy rows, where one block would need
+``G * L_max^2``. Measured peak memory of ONNX Runtime on 200k rows in lists of 5..121 (MQ2008-like
+skew), default sizes: about 1 GB, against 6 GB with a single block (``length_bounds=()``).
 """
 
 from __future__ import annotations
