@@ -382,7 +382,7 @@ STRUCTURES = [[1], [2] * 10, [40], [1, 17, 3, 1, 8], [6, 6, 6], [2, 600, 9]]
 @pytest.mark.slow
 @pytest.mark.parametrize("name", NEW + ["mlp"])
 @pytest.mark.parametrize("n_outputs", [1, 2])
-@pytest.mark.parametrize("n_numeric,vocab", [(3, VOCAB), (4, [])])
+@pytest.mark.parametrize("n_numeric,vocab", [(3, VOCAB), (4, []), (0, VOCAB)])
 def test_export_parity(name, n_outputs, n_numeric, vocab, tmp_path):
     """TorchScript and ONNX reproduce PyTorch on batches whose size and list structure differ from
     the export example (3 lists of 3, 1, 5 rows)."""
