@@ -8,6 +8,7 @@ See ``docs/ARCHITECTURE.md`` for how the parts fit. Submodules hold the full API
 the names most users need are re-exported here.
 """
 
+from .auction import position_factors, replay_auctions, replay_frame, run_auction
 from .calibration import IdentityCalibrator, IsotonicCalibrator, PlattCalibrator, downsampling_correction
 from .data import ClickLogSource, ColumnMap, LetorSource, Schema, SimulatedSource, Splits, read_clicklog, read_libsvm
 from .datamodule import ListDataModule
@@ -16,15 +17,19 @@ from .lists import Batch, ListData
 from .losses import LOSSES, HybridLoss, click_logit
 from .metrics import ListMetrics, auc, ece, gauc, log_loss, mean_average_precision, mrr, ndcg, pcoc
 from .module import HybridRanker, evaluate_chunks, evaluate_logits
-from .nets import LinearScorer, MLPScorer
+from .nets import DCNv2Scorer, DeepFMScorer, FMScorer, LinearScorer, ListAwareScorer, MLPScorer
 from .sampler import GroupBatchSampler, ListDataset, collate, unit_ids
 from .scanner import ClickLogScanner
 from .simulate import simulate_clicklog
 from .streaming import StreamingClickLogSource, StreamingDataModule
+from .uncertainty import bootstrap, compare_bootstrap, format_interval, paired_bootstrap
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "DCNv2Scorer", "DeepFMScorer", "FMScorer", "ListAwareScorer", "bootstrap", "compare_bootstrap",
+    "format_interval", "paired_bootstrap", "position_factors", "replay_auctions", "replay_frame",
+    "run_auction",
     "LOSSES", "Batch", "ClickLogScanner", "ClickLogSource", "ColumnMap", "GroupBatchSampler", "HybridLoss",
     "HybridRanker", "IdentityCalibrator", "IsotonicCalibrator", "LetorSource", "LinearScorer", "ListData",
     "ListDataModule", "ListDataset", "ListMetrics", "MLPScorer", "PlattCalibrator", "PortableRanker", "Schema",

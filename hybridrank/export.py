@@ -64,7 +64,8 @@ def sha256_file(path: str | Path, block: int = 1 << 20) -> str:
 class PortableRanker(nn.Module):
     """The serving path of a trained model + downsampling shift + calibrator, nothing else.
 
-    ``forward(num [B, F] float32, cat [B, C] int64) -> pctr [B]``: the model's serving path
+    ``forward(num [B, F] float32, cat [B, C] int64[, request [B] int64]) -> pctr [B]``: the
+    model's serving path
     (:func:`hybridrank.module.serve`: scorer, then the loss's click logit, exactly what
     :meth:`~hybridrank.module.HybridRanker.predict` runs), plus ``shift``, through the
     calibrator. Holds no optimizer, metric or Lightning state: it is what an auction server runs.
@@ -74,6 +75,10 @@ class PortableRanker(nn.Module):
             copied).
         calibrator: a fitted :class:`~hybridrank.calibration.Calibrator` (default: none).
         shift: logit shift of the downsampling correction (``log w``, or 0).
+
+    A list-aware scorer (``scorer.list_aware``) scores an impression in the context of its
+    request: the portable model then takes a third input, ``request`` (the request index of every
+    row, rows of one request adjacent); other models take ``num`` and ``cat`` only.
     """
 
     def __init__(self, model: nn.Module, calibrator: Calibrator | None = None, shift: float = 0.0):
@@ -84,27 +89,37 @@ class PortableRanker(nn.Module):
         self.register_buffer("shift", torch.tensor(float(shift)))
         self.requires_grad_(False)  # inference only
 
-    def forward(self, num: torch.Tensor, cat: torch.Tensor) -> torch.Tensor:
+    @property
+    def list_aware(self) -> bool:
+        return bool(getattr(self.scorer, "list_aware", False))
+
+    def forward(self, num: torch.Tensor, cat: torch.Tensor,
+                request: torch.Tensor | None = None) -> torch.Tensor:
         from .module import serve
 
-        return self.calibrator(serve(self.scorer, self.loss, num, cat)[0] + self.shift)
+        return self.calibrator(serve(self.scorer, self.loss, num, cat, request)[0] + self.shift)
 
 
-def _example_inputs(model: PortableRanker, batch: int = 3) -> tuple[torch.Tensor, torch.Tensor]:
+def _example_inputs(model: PortableRanker, batch: int = 5) -> tuple[torch.Tensor, ...]:
+    """Inputs to trace with: ``(num, cat)``, plus ``request`` (two lists) for list-aware models."""
     scorer = model.scorer
     n_num = int(getattr(scorer, "n_numeric", 0))
     n_cat = len(getattr(scorer, "vocab_sizes", ()))
     gen = torch.Generator().manual_seed(0)
-    return (torch.randn(batch, n_num, generator=gen),
-            torch.zeros(batch, n_cat, dtype=torch.long))
+    num = torch.randn(batch, n_num, generator=gen)
+    cat = torch.zeros(batch, n_cat, dtype=torch.long)
+    if model.list_aware:
+        return num, cat, torch.tensor([0] * (batch // 2) + [1] * (batch - batch // 2))
+    return num, cat
 
 
 def export_torchscript(model: nn.Module, calibrator: Calibrator | None, path: str | Path, *,
                        shift: float = 0.0, example: tuple | None = None) -> Path:
     """Trace the :class:`PortableRanker` of a trained model to TorchScript; save it atomically.
 
-    Load with ``torch.jit.load(path)(num, cat) -> pctr``. Tracing records the scorer's tensor
-    operations; the batch size stays free (no shape-dependent control flow in the scorers).
+    Load with ``torch.jit.load(path)(num, cat) -> pctr`` (``(num, cat, request)`` for list-aware
+    scorers). Tracing records the scorer's tensor operations; the batch size and the list
+    structure stay free (the scorers take no Python number from the data).
     """
     model = PortableRanker(model, calibrator, shift).eval()
     example = example or _example_inputs(model)
@@ -118,18 +133,19 @@ def export_torchscript(model: nn.Module, calibrator: Calibrator | None, path: st
 
 def export_onnx(model: nn.Module, calibrator: Calibrator | None, path: str | Path, *,
                 shift: float = 0.0, example: tuple | None = None, opset: int = 17) -> Path:
-    """Export the :class:`PortableRanker` of a trained model to ONNX (inputs ``num``, ``cat``;
-    output ``pctr``).
+    """Export the :class:`PortableRanker` of a trained model to ONNX (inputs ``num``, ``cat``
+    and, for list-aware scorers, ``request``; output ``pctr``).
 
     The batch axis is dynamic. Uses the TorchScript-based exporter (``dynamo=False``), which needs
     no extra package; isotonic calibrators export their knot lookup as comparisons.
     """
     model = PortableRanker(model, calibrator, shift).eval()
     example = example or _example_inputs(model)
-    axes = {"num": {0: "batch"}, "cat": {0: "batch"}, "pctr": {0: "batch"}}
+    names = ["num", "cat", "request"] if model.list_aware else ["num", "cat"]
+    axes = {n: {0: "batch"} for n in (*names, "pctr")}
     with warnings.catch_warnings(), atomic_path(path) as tmp:
         warnings.simplefilter("ignore")  # legacy-exporter deprecation notice
-        torch.onnx.export(model, example, str(tmp), input_names=["num", "cat"],
+        torch.onnx.export(model, example, str(tmp), input_names=names,
                           output_names=["pctr"], dynamic_axes=axes, opset_version=opset,
                           dynamo=False)
     return Path(path)

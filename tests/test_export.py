@@ -412,3 +412,40 @@ def test_load_from_checkpoint_is_self_contained(trained):
     b = trained["model"].predict_split(test)[0]
     assert torch.equal(a, b)
     assert model.schema == trained["model"].schema and model.loss.n_outputs == 1
+
+
+@pytest.mark.slow
+def test_list_aware_model_exports_with_a_request_input(tmp_path, compose_cfg):
+    """model=list_aware: scored by whole requests everywhere, portable models take `request`."""
+    ort = pytest.importorskip("onnxruntime")
+    from hybridrank.cli import train
+    from hybridrank.export_cli import export
+
+    result = train(compose_cfg("config", f"paths.output_dir={tmp_path}/run", "model=list_aware",
+                               "data.source.n_users=100", "trainer.max_epochs=1"))
+    out = tmp_path / "scores.parquet"
+    res = export(compose_cfg("export", f"checkpoint={result['best_checkpoint']}", f"output={out}",
+                             "calibrator=platt", "portable=true", "chunk_rows=700"))
+    frame, _ = read_scores(out)
+    import hydra
+
+    model = load_model(result["best_checkpoint"])
+    splits = hydra.utils.instantiate(model.hparams.config["data"]["source"],
+                                     _partial_=True)(schema=model.schema).load()
+    data = splits.test
+    # the export (chunks of whole requests) equals one pass over the whole split
+    assert np.allclose(frame["logit"].to_numpy(), model.predict_split(data)[0].numpy(), atol=1e-5)
+    n_req = 40
+    n = int(data.offsets[n_req])
+    num, cat = data.num[:n], data.cat[:n]
+    request = data.request_of_row()[:n]
+    expected = frame["pctr"].to_numpy()[:n]
+    ts = torch.jit.load(res["portable"]["torchscript"])
+    assert np.allclose(ts(num, cat, request).numpy(), expected, atol=1e-5)
+    sess = ort.InferenceSession(res["portable"]["onnx"])
+    assert [i.name for i in sess.get_inputs()] == ["num", "cat", "request"]
+    got = sess.run(["pctr"], {"num": num.numpy(), "cat": cat.numpy(), "request": request.numpy()})[0]
+    assert np.allclose(got, expected, atol=2e-5)
+    # the context matters: the same rows scored as one big list give other scores
+    alone = ts(num, cat, torch.zeros_like(request)).numpy()
+    assert not np.allclose(alone, expected, atol=1e-4)
