@@ -144,7 +144,7 @@ def reference_rows(chunks: Callable[[], Iterable], new_metrics: Callable[[], Any
         rows["oracle (true pCTR)"] = evaluate_chunks(
             ((d, torch.logit(d.true_p.double(), eps=1e-7)) for d in chunks()), new_metrics())
     rows["base rate"] = evaluate_chunks(
-        ((d, torch.full((d.n_impressions,), math.log(rate / (1 - rate)))) for d in chunks()),
+        ((d, torch.logit(torch.full((d.n_impressions,), rate, dtype=torch.float64))) for d in chunks()),
         new_metrics())
     return rows
 

@@ -30,7 +30,6 @@ The scorers:
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 
 import torch
@@ -419,4 +418,4 @@ def init_output_bias(head: nn.Linear, base_rate: float | None) -> None:
     p = min(max(float(base_rate), 1e-4), 1 - 1e-4)
     with torch.no_grad():
         head.bias.zero_()
-        head.bias[-1] = math.log(p / (1 - p))
+        head.bias[-1] = torch.logit(torch.tensor(p, dtype=torch.float64)).item()
