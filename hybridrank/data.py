@@ -47,7 +47,8 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 #: The column map of :func:`hybridrank.simulate.simulate_clicklog` frames. ``position`` is both
-#: copied (``ListData.position``) and a numeric feature; ``p_true`` is carried, never a feature.
+#: copied (``ListData.position``) and a numeric feature (``SimulatedSource(position_feature=False)``
+#: drops it from the features, for position-bias towers); ``p_true`` is carried, never a feature.
 SIM_COLUMNS_MAP = ColumnMap(
     request="request_id", label="click", session="session_id", user="user_id", time="time",
     position="position", item="item_id", bid="bid", true_p="p_true",
@@ -445,19 +446,24 @@ class SimulatedSource:
     Args:
         split: ``{"by": "time"|"hash", "val": 0.1, "test": 0.2, "key": "session"}`` (default).
         label_max: 1 (clicks are binary; present so every source config states it).
+        position_feature: whether the display position is a numeric feature (default). A model
+            with a position-bias tower learns the position effect apart from relevance and must
+            not see position as a feature (``HybridRanker`` refuses it).
         schema: a trained model's schema (or its dict) to read the data with instead of fitting
             one on train (exports and evaluations of a checkpoint).
         **simulator: keyword arguments of :func:`~hybridrank.simulate.simulate_clicklog`.
     """
 
     def __init__(self, *, split: Mapping | None = None, schema: Schema | Mapping | None = None,
-                 label_max: float = 1.0, **simulator):
+                 label_max: float = 1.0, position_feature: bool = True, **simulator):
         if float(label_max) != 1.0:
             raise ValueError(f"SimulatedSource: simulated clicks are binary, label_max must be 1, "
                              f"got {label_max}")
         self.label_max = 1.0
         self.split = _split_args(split)
-        self.schema = _given_schema(schema, SIM_COLUMNS_MAP, "SimulatedSource")
+        self.columns = SIM_COLUMNS_MAP if position_feature else dataclasses.replace(
+            SIM_COLUMNS_MAP, numeric=[c for c in SIM_COLUMNS_MAP.numeric if c != "position"])
+        self.schema = _given_schema(schema, self.columns, "SimulatedSource")
         self.simulator = dict(simulator)
         try:  # fail at construction on a misspelled simulator argument, not at load time
             inspect.signature(simulate_clicklog).bind(**self.simulator)
@@ -467,9 +473,9 @@ class SimulatedSource:
     def load(self) -> Splits:
         frame = simulate_clicklog(**self.simulator)
         frame = (self.schema.validate(frame, "simulated") if self.schema is not None else
-                 validate_frame(frame, SIM_COLUMNS_MAP, label_max=self.label_max, name="simulated"))
-        parts = split_frame(frame, SIM_COLUMNS_MAP, **self.split)
-        return _finish("simulated", dict(zip(("train", "val", "test"), parts)), SIM_COLUMNS_MAP,
+                 validate_frame(frame, self.columns, label_max=self.label_max, name="simulated"))
+        parts = split_frame(frame, self.columns, **self.split)
+        return _finish("simulated", dict(zip(("train", "val", "test"), parts)), self.columns,
                        self.label_max, schema=self.schema)
 
 

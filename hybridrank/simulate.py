@@ -43,7 +43,7 @@ __all__ = ["simulate_clicklog", "main", "SIM_COLUMNS"]
 #: Columns of the frame :func:`simulate_clicklog` returns, in order.
 SIM_COLUMNS = (
     "request_id", "session_id", "user_id", "time", "position", "item_id", "item_category",
-    "item_price", "item_pop", "hour", "user_activity", "bid", "p_true", "click",
+    "item_price", "item_pop", "hour", "user_activity", "bid", "p_true", "p_true_ref", "click",
 )
 
 _DAY = 86_400
@@ -134,7 +134,9 @@ def simulate_clicklog(
         ``session_id``, ``user_id`` (int64), ``time`` (int64 seconds, increasing within a session),
         ``position`` (1-based), ``item_id``, ``item_category`` (int64), ``item_price``,
         ``item_pop``, ``hour``, ``user_activity`` (float64, observable signals), ``bid`` (> 0),
-        ``p_true`` (in (0, 1)), ``click`` (int8, Bernoulli(p_true)).
+        ``p_true`` (in (0, 1)), ``p_true_ref`` (the true click probability of the same impression
+        at the reference position 1: the position effect ``- position_decay * log(position)``
+        removed), ``click`` (int8, Bernoulli(p_true)).
 
     >>> df = simulate_clicklog(n_users=50, seed=1)
     >>> bool(df["position"].min() == 1 and df["position"].max() <= 20)
@@ -204,6 +206,9 @@ def simulate_clicklog(
                 - position_decay * np.log(imp_pos) + 0.3 * np.sin(2 * np.pi * (hour - 14) / 24))
     intercept = _solve_intercept(logit_wo, base_ctr)
     p_true = _sigmoid(logit_wo + intercept)
+    # the same impression shown at the reference position 1 (log 1 = 0): what an auction that
+    # scores candidates before positions exist should predict
+    p_true_ref = _sigmoid(logit_wo + position_decay * np.log(imp_pos) + intercept)
     click = (rng.random(p_true.size) < p_true).astype(np.int8)
     bid = cat_bid[item_cat[imp_item]] * np.exp(rng.normal(0.0, 0.3, size=p_true.size))
 
@@ -221,6 +226,7 @@ def simulate_clicklog(
         "user_activity": user_activity[imp_user],
         "bid": bid,
         "p_true": p_true,
+        "p_true_ref": p_true_ref,
         "click": click,
     })
 

@@ -29,7 +29,7 @@ def test_columns_and_types(log):
     for c in ("request_id", "session_id", "user_id", "time", "position", "item_id",
               "item_category"):
         assert log[c].dtype == pl.Int64, c
-    for c in ("item_price", "item_pop", "hour", "user_activity", "bid", "p_true"):
+    for c in ("item_price", "item_pop", "hour", "user_activity", "bid", "p_true", "p_true_ref"):
         assert log[c].dtype == pl.Float64, c
     assert set(log["click"].unique().to_list()) <= {0, 1}
 
@@ -139,3 +139,15 @@ def test_cli_writes_a_readable_file(tmp_path, capsys, suffix):
 def test_cli_rejects_unknown_suffix(tmp_path):
     with pytest.raises(SystemExit):
         main(["--out", str(tmp_path / "log.txt"), "--n-users", "50"])
+
+
+def test_reference_position_probability_removes_the_position_effect(log):
+    """p_true_ref is the same impression's true CTR at position 1: equal at position 1, and the
+    logit difference is exactly the simulator's position effect 0.5 * log(position)."""
+    import numpy as np
+
+    first = log.filter(pl.col("position") == 1)
+    assert np.allclose(first["p_true"].to_numpy(), first["p_true_ref"].to_numpy())
+    lt = np.log(log["p_true"].to_numpy() / (1 - log["p_true"].to_numpy()))
+    lr = np.log(log["p_true_ref"].to_numpy() / (1 - log["p_true_ref"].to_numpy()))
+    assert np.allclose(lr - lt, 0.5 * np.log(log["position"].to_numpy()), atol=1e-9)
