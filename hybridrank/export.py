@@ -46,7 +46,7 @@ log = logging.getLogger(__name__)
 META_KEYS = ("hybridrank_version", "checkpoint_sha256", "checkpoint_path", "config", "calibrator",
              "neg_keep_rate", "correction_applied", "created_at")
 _JSON_KEYS = ("config", "calibrator", "correction", "scored", "calibration_fit", "columns",
-              "n_rows", "export_config")
+              "n_rows", "export_config", "position_bias")
 
 
 def sha256_file(path: str | Path, block: int = 1 << 20) -> str:
@@ -186,11 +186,17 @@ def score_frame(model: nn.Module, data: ListData, calibrator: Calibrator | None 
         labels: include the ``label`` column (and ``p_true`` when the data carries it).
 
     Returns:
-        One row per impression in storage order.
+        One row per impression in storage order. For a model with a position-bias tower ``pctr``
+        is the serving pCTR at the tower's reference position (``logit`` its logit) and
+        ``pctr_at_position`` the pCTR at the logged position.
     """
     calibrator = calibrator or IdentityCalibrator()
     logit, out = model.predict_split(data)
     pctr = calibrator.predict_proba(logit.double() + shift).numpy()
+    at_position = None
+    if getattr(model, "position_bias", None) is not None and data.position is not None:
+        logged = model.predict_split(data, at_logged_position=True)[0]
+        at_position = calibrator.predict_proba(logged.double() + shift).numpy()
     offsets = data.offsets.numpy()
     req = np.repeat(np.arange(data.n_requests), np.diff(offsets))
     cols: dict[str, Any] = {}
@@ -212,6 +218,8 @@ def score_frame(model: nn.Module, data: ListData, calibrator: Calibrator | None 
     if out.shape[1] == 2:
         cols["logit0"], cols["logit1"] = out[:, 0].numpy(), out[:, 1].numpy()
     cols["pctr"] = pctr
+    if at_position is not None:
+        cols["pctr_at_position"] = at_position
     cols["rank"] = ranks_within_requests(pctr, offsets)
     if data.bid is not None:
         bid = data.bid.double().numpy()

@@ -164,12 +164,30 @@ def prepare(cfg: DictConfig) -> Prepared:
 
 
 def _logits_labels(prep: Prepared, split: str, chunk_rows: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Click logits (float64) and labels of a whole split, chunk by chunk."""
+    """Click logits (float64) and labels of a whole split, chunk by chunk.
+
+    Scored where the labels were drawn: at the logged positions for a model with a position-bias
+    tower (a calibrator fitted on serving scores against labels from all positions would fold
+    the average position effect back into the pCTR).
+    """
     zs, ys = [], []
     for data in prep.chunks(split, chunk_rows):
-        zs.append(prep.model.predict_split(data)[0].double())
+        zs.append(prep.model.predict_split(data, at_logged_position=True)[0].double())
         ys.append(data.label)
     return torch.cat(zs), torch.cat(ys)
+
+
+def position_bias_info(model: HybridRanker) -> dict | None:
+    """The export metadata of a position-bias tower: reference position and per-position offsets."""
+    tower = model.position_bias
+    if tower is None:
+        return None
+    offsets = tower.offsets()
+    return {"reference_position": tower.reference_position, "max_position": tower.max_position,
+            "logit_offsets": offsets,
+            "note": "pctr is the click probability at reference_position; at slot j an auction's "
+                    "expected CTR is sigmoid(logit(pctr) + logit_offsets[j - 1]) (positions above "
+                    "max_position share its offset)"}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -285,6 +303,7 @@ def export(cfg: DictConfig) -> dict[str, Any]:
         neg_keep_rate=prep.correction["neg_keep_rate"],
         correction_applied=prep.correction["applied"], correction=prep.correction, scored=scored,
         calibration_fit=prep.calibration_fit, columns=columns, export_config=_export_cfg(cfg),
+        **({"position_bias": position_bias_info(model)} if model.position_bias is not None else {}),
     )
     with ScoreWriter(output, meta, fmt=cfg.get("format")) as writer:
         for f in frames():
@@ -330,8 +349,8 @@ def evaluate(cfg: DictConfig) -> dict[str, Any]:
     chunk_rows = int(cfg.get("chunk_rows", 200_000))
     datas, zs = [], []
     for data in prep.chunks(split, chunk_rows):
-        datas.append(data)
-        zs.append(prep.model.predict_split(data)[0].double() + prep.shift)
+        datas.append(data)  # scored where the labels were drawn (logged positions, for a tower)
+        zs.append(prep.model.predict_split(data, at_logged_position=True)[0].double() + prep.shift)
     z = torch.cat(zs)
     label = torch.cat([d.label for d in datas])
     position = None if datas[0].position is None else torch.cat([d.position for d in datas])

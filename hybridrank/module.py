@@ -36,15 +36,22 @@ DATA_KEYS = ("schema", "base_rate", "neg_keep_rate", "reweight_negatives")
 
 
 def serve(scorer: nn.Module, loss: HybridLoss, num: torch.Tensor, cat: torch.Tensor,
-          request: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """The serving path, written once: raw scorer outputs and the loss's click logit of them.
+          request: torch.Tensor | None = None, position: torch.Tensor | None = None,
+          position_bias: nn.Module | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The scoring path, written once: raw scorer outputs and the loss's click logit of them.
 
-    :meth:`HybridRanker.predict` and the portable (TorchScript / ONNX) models both call it.
+    :meth:`HybridRanker.predict` and the portable (TorchScript / ONNX) models both call it. With a
+    position-bias tower and a ``position``, the tower's offset is added to the click-logit output
+    (the last one: the single logit, or JRC's click logit ``z_1``); without a position the result
+    is the serving score, the logit at the tower's reference position.
 
     Returns:
         ``(logit [B], outputs [B, n_outputs])``.
     """
     out = scorer(num, cat, request)
+    if position_bias is not None and position is not None:
+        bias = position_bias(position).to(out.dtype).unsqueeze(-1)
+        out = torch.cat([out[:, :-1], out[:, -1:] + bias], dim=1)
     return loss.click_logit(out), out
 
 
@@ -91,6 +98,10 @@ class HybridRanker(pl.LightningModule):
         scheduler: optional config / partial taking the optimizer.
         metrics: :class:`~hybridrank.metrics.ListMetrics` config (``_target_`` optional) or its
             keyword arguments: the conventions of every metric the model reports.
+        position_bias: optional position-bias tower config (:class:`~hybridrank.nets.PositionBias`):
+            training and validation add ``bias(logged position)`` to the click logit, serving
+            (``forward``, exports, portable models) scores at the tower's reference position.
+            The data must have positions, and position must not also be a feature.
         data: what the model is trained on: ``schema`` (:meth:`Schema.to_dict`, value policies
             included), ``base_rate`` (train click rate, starts the output bias),
             ``neg_keep_rate`` (share of negatives the sampler kept) and ``reweight_negatives``
@@ -105,11 +116,13 @@ class HybridRanker(pl.LightningModule):
     """
 
     def __init__(self, scorer: Any, loss: Any, optimizer: Any = None, scheduler: Any = None,
-                 metrics: Any = None, data: Mapping[str, Any] | None = None,
+                 metrics: Any = None, position_bias: Any = None,
+                 data: Mapping[str, Any] | None = None,
                  config: Mapping[str, Any] | None = None, monitor: str = "val/logloss"):
         super().__init__()
         args = {"scorer": _plain(scorer), "loss": _plain(loss), "optimizer": _plain(optimizer),
                 "scheduler": _plain(scheduler), "metrics": _plain(metrics),
+                "position_bias": _plain(position_bias),
                 "data": _plain(dict(data)) if data is not None else None,
                 "config": _plain(config), "monitor": monitor}
         unknown = sorted(set(args["data"] or {}) - set(DATA_KEYS))
@@ -127,6 +140,9 @@ class HybridRanker(pl.LightningModule):
             raise ValueError(
                 f"the loss needs {self.loss.n_outputs} output(s) per impression but the scorer has "
                 f"{n_out} (JRC needs two: build the scorer with n_outputs=loss.n_outputs)")
+        self.position_bias = _build(args["position_bias"], "position_bias")
+        if self.position_bias is not None:
+            self._check_position_bias()
         self.optimizer_factory = _build(args["optimizer"], "optimizer")
         self.scheduler_factory = _build(args["scheduler"], "scheduler")
         self.metric_config = dict(args["metrics"] or {})
@@ -151,6 +167,21 @@ class HybridRanker(pl.LightningModule):
                        n_outputs=self.loss.n_outputs,
                        base_rate=None if base is None else float(base))
 
+    def _check_position_bias(self) -> None:
+        if not isinstance(self.position_bias, nn.Module):
+            raise ValueError(f"position_bias must build an nn.Module, got {self.position_bias!r}")
+        schema = self.data_info.get("schema")
+        if schema is None:
+            return
+        pos = (schema.get("columns") or {}).get("position")
+        if pos is None:
+            raise ValueError("a position-bias tower needs the display position: map a position "
+                             "column in the data config (columns.position)")
+        if pos in schema["numeric"]:
+            raise ValueError(f"the position column {pos!r} is also a numeric feature: the scorer "
+                             f"would learn the position effect the tower is for; drop it from "
+                             f"the features (simulator: data.source.position_feature=false)")
+
     def new_metrics(self) -> ListMetrics:
         """A fresh :class:`ListMetrics` with this model's metric conventions."""
         kwargs = {k: v for k, v in self.metric_config.items() if k not in ("_target_", "_partial_")}
@@ -164,20 +195,23 @@ class HybridRanker(pl.LightningModule):
         return Schema.coerce(self.data_info.get("schema"))
 
     # --- the one scoring path -------------------------------------------------------------------
-    def predict(self, num: torch.Tensor, cat: torch.Tensor,
-                request: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def predict(self, num: torch.Tensor, cat: torch.Tensor, request: torch.Tensor | None = None,
+                position: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Score flat impressions.
 
         Args:
             num: ``[B, F]`` standardised numeric features. cat: ``[B, C]`` categorical codes.
             request: ``[B]`` request index of each row (rows of a request adjacent), for
                 list-aware scorers; others ignore it.
+            position: ``[B]`` logged display positions, for models with a position-bias tower:
+                given, the score is the click logit at that position (training, validation);
+                None, the serving score at the tower's reference position. Ignored otherwise.
 
         Returns:
             ``(logit [B], outputs [B, n_outputs])``: the click logit (``σ(logit)`` is the model's
             pCTR) and the raw scorer outputs (two-output JRC heads: no-click, click).
         """
-        return serve(self.scorer, self.loss, num, cat, request)
+        return serve(self.scorer, self.loss, num, cat, request, position, self.position_bias)
 
     def forward(self, num: torch.Tensor, cat: torch.Tensor,
                 request: torch.Tensor | None = None) -> torch.Tensor:
@@ -185,21 +219,27 @@ class HybridRanker(pl.LightningModule):
         return self.predict(num, cat, request)[0]
 
     @torch.no_grad()
-    def predict_split(self, data: ListData, *, chunk_rows: int = 65536
-                      ) -> tuple[torch.Tensor, torch.Tensor]:
+    def predict_split(self, data: ListData, *, chunk_rows: int = 65536,
+                      at_logged_position: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         """``(logit [N], outputs [N, n_outputs])`` of every impression of a split, storage order.
 
         Runs in eval mode in chunks of whole requests of about ``chunk_rows`` impressions (a
         list-aware scorer always sees whole requests), on the model's device; float32 on CPU.
+        ``at_logged_position``: with a position-bias tower, score each impression at its logged
+        position (what its label was drawn at) instead of the serving reference position.
         """
         was_training = self.training
         self.eval()
         device = self.device
         logits, outs = [], []
+        logged = at_logged_position and self.position_bias is not None
+        if logged and data.position is None:
+            raise ValueError("at_logged_position needs data with positions")
         try:
             for part in data.chunks(chunk_rows):
+                position = part.position.to(device) if logged else None
                 z, out = self.predict(part.num.to(device), part.cat.to(device),
-                                      part.request_of_row().to(device))
+                                      part.request_of_row().to(device), position)
                 logits.append(z.float().cpu())
                 outs.append(out.float().cpu())
         finally:
@@ -209,13 +249,27 @@ class HybridRanker(pl.LightningModule):
         return torch.cat(logits), torch.cat(outs)
 
     def evaluate(self, data: ListData | Iterable[ListData]) -> dict[str, float]:
-        """Metrics of this model on a split (or on chunks of whole requests of one)."""
+        """Metrics of this model on a split (or on chunks of whole requests of one), scored as
+        validation does (at the logged positions for a model with a position-bias tower)."""
         chunks = [data] if isinstance(data, ListData) else data
-        return evaluate_chunks(((c, self.predict_split(c)[0]) for c in chunks), self.new_metrics())
+        pairs = ((c, self.predict_split(c, at_logged_position=True)[0]) for c in chunks)
+        return evaluate_chunks(pairs, self.new_metrics())
 
     # --- training and evaluation steps ----------------------------------------------------------
+    @property
+    def _uses_positions(self) -> bool:
+        return self.position_bias is not None
+
+    def _batch_positions(self, batch: Batch) -> torch.Tensor | None:
+        if not self._uses_positions:
+            return None
+        if batch.position is None:
+            raise ValueError("the position-bias tower needs positions in every batch; the data "
+                             "has none (map columns.position)")
+        return batch.position
+
     def training_step(self, batch: Batch, batch_idx: int) -> torch.Tensor:
-        _, out = self.predict(batch.num, batch.cat, batch.request)
+        _, out = self.predict(batch.num, batch.cat, batch.request, self._batch_positions(batch))
         logits = gather_lists(out, batch.rank_index, batch.rank_mask)
         labels = gather_lists(batch.label, batch.rank_index, batch.rank_mask)
         weights = None
@@ -229,7 +283,10 @@ class HybridRanker(pl.LightningModule):
         return total
 
     def _eval_step(self, batch: Batch, metrics: ListMetrics) -> None:
-        z = self(batch.num, batch.cat, batch.request).float()
+        # labels were drawn at the logged positions: validation scores there (for a model with a
+        # position-bias tower; the serving score is the same at the reference position)
+        z = self.predict(batch.num, batch.cat, batch.request, self._batch_positions(batch))[0]
+        z = z.float()
         positions = None
         if batch.position is not None:
             positions = gather_lists(batch.position, batch.index, batch.mask)

@@ -28,7 +28,8 @@ SMALL = ["data.source.n_users=60", "paths.output_dir=/tmp/hybridrank-configs"]
 REAL = {"letor_mq2008", "mslr", "open_bandit"}
 #: group -> how it is checked below
 GROUPS = {"data", "batching", "model", "loss", "optimizer", "scheduler", "metrics", "trainer",
-          "callbacks", "logger", "calibrator", "experiment", "debug", "paths", "hydra"}
+          "callbacks", "logger", "calibrator", "experiment", "debug", "paths", "hydra",
+          "position_bias"}
 
 
 def options(group: str) -> list[str]:
@@ -106,7 +107,7 @@ def test_every_model_with_every_loss(model, loss, compose_cfg, sim_dm):
     # the stored hyper-parameters are the configs: the model rebuilds from them alone
     again = HybridRanker(**{k: v for k, v in m.hparams.items()})
     again.load_state_dict(m.state_dict())
-    assert torch.equal(again(batch.num, batch.cat), m(batch.num, batch.cat))
+    assert torch.equal(again(batch.num, batch.cat, batch.request), m(batch.num, batch.cat, batch.request))
 
 
 @pytest.mark.parametrize("opt", options("optimizer"))
@@ -171,11 +172,34 @@ def test_calibrator_options(name, command, compose_cfg):
     assert cfg.task_name == command
 
 
+@pytest.mark.parametrize("name", options("position_bias"))
+def test_position_bias_options(name, compose_cfg):
+    # the tower refuses position as a feature: the simulator's position_feature switch goes with it
+    extra = ["data.source.position_feature=false"] if name != "none" else []
+    cfg = compose_cfg("config", f"position_bias={name}", *SMALL, *extra)
+    dm = hydra.utils.instantiate(cfg.data)
+    m = build_model(cfg, dm)
+    assert (m.position_bias is None) == (name == "none")
+    batch = next(iter(dm.train_dataloader()))
+    assert torch.isfinite(m.training_step(batch, 0))
+    if name != "none":
+        with pytest.raises(ValueError, match="position column 'position' is also a numeric feature"):
+            build_model(compose_cfg("config", f"position_bias={name}", *SMALL), dm_with_position(
+                compose_cfg))
+
+
+def dm_with_position(compose_cfg):
+    return hydra.utils.instantiate(compose_cfg("config", *SMALL).data)
+
+
 @pytest.mark.parametrize("name", options("experiment"))
 def test_experiment_options(name, compose_cfg, request, monkeypatch):
-    real = request.getfixturevalue("real_data")
-    monkeypatch.setenv("HYBRIDRANK_REAL_DATA", str(real))
-    cfg = compose_cfg("config", f"experiment={name}", "paths.output_dir=/tmp/hybridrank-configs")
+    if name in ("letor",):
+        real = request.getfixturevalue("real_data")
+        monkeypatch.setenv("HYBRIDRANK_REAL_DATA", str(real))
+    extra = ["data.source.n_users=60"] if name == "position_bias" else []
+    cfg = compose_cfg("config", f"experiment={name}", "paths.output_dir=/tmp/hybridrank-configs",
+                      *extra)
     dm = hydra.utils.instantiate(cfg.data)
     m = build_model(cfg, dm)
     assert m.scorer.n_numeric == len(dm.schema.numeric)
