@@ -35,7 +35,7 @@ import torch
 from torch import Tensor, nn
 
 __all__ = [
-    "Calibrator", "IdentityCalibrator", "PlattCalibrator", "IsotonicCalibrator",
+    "Calibrator", "IdentityCalibrator", "PlattCalibrator", "IsotonicCalibrator", "AutoCalibrator",
     "CALIBRATORS", "calibrator_from_dict", "downsampling_correction", "correction_shift",
     "resolve_correction", "CORRECTIONS",
 ]
@@ -371,3 +371,130 @@ def calibrator_from_dict(d: Mapping[str, Any]) -> Calibrator:
     if name not in CALIBRATORS:
         raise ValueError(f"unknown calibrator {name!r}; known: {sorted(CALIBRATORS)}")
     return CALIBRATORS[name].from_dict(d)
+
+
+# ----------------------------------------------------------------------------------------------
+# Choosing a calibrator on held-out data
+# ----------------------------------------------------------------------------------------------
+class AutoCalibrator(Calibrator):
+    """``auto``: keep the model's own pCTR unless a calibrator clearly helps on held-out data.
+
+    A calibrator fitted on a small validation split can make things worse (Platt fitted on 100
+    requests of a real log raised test ECE 3x; isotonic raised log loss). ``auto`` cross-fits every
+    candidate on the calibration split: ``folds`` folds **by request** (no request's impressions on
+    both sides), out-of-fold predictions, and the paired per-request difference of held-out log
+    loss against the identity. A candidate is kept only if its mean improvement exceeds ``z``
+    standard errors of that difference (a one-sided test, ``z = 2`` ≈ 2.3 % false adoptions);
+    among those, the largest improvement wins; otherwise the identity stays. The winner is then
+    refitted on the whole split. The decision and every candidate's figures are in
+    :meth:`to_dict` (and so in export metadata).
+
+    Args:
+        candidates: calibrator names (``platt``, ``isotonic``) to consider besides ``none``.
+        folds: cross-fitting folds (>= 2).
+        z: how many standard errors an improvement must exceed.
+        seed: the fold assignment's seed.
+        chosen, decision: set when loading.
+
+    >>> g = torch.Generator().manual_seed(0)
+    >>> z = torch.randn(20_000, generator=g)
+    >>> y = (torch.rand(20_000, generator=g) < torch.sigmoid(3 * z + 1)).double()  # mis-scaled
+    >>> AutoCalibrator().fit(z, y, groups=torch.arange(20_000) // 10).chosen.name in ("platt", "isotonic")
+    True
+    """
+
+    name = "auto"
+
+    def __init__(self, candidates=("platt", "isotonic"), folds: int = 5, z: float = 2.0,
+                 seed: int = 0, chosen: Calibrator | None = None, decision: dict | None = None):
+        unknown = sorted(set(candidates) - (set(CALIBRATORS) - {"auto", "none", "temperature"}))
+        if unknown:
+            raise ValueError(f"auto: unknown candidates {unknown}; choose from platt, isotonic")
+        if int(folds) < 2:
+            raise ValueError(f"auto: folds must be >= 2, got {folds}")
+        self.candidates, self.folds, self.z, self.seed = tuple(candidates), int(folds), float(z), int(seed)
+        self.chosen: Calibrator = chosen or IdentityCalibrator()
+        self.decision = dict(decision or {})
+
+    @staticmethod
+    def _nll(p: Tensor, y: Tensor) -> Tensor:
+        p = p.clamp(1e-7, 1 - 1e-7)
+        return -(y * torch.log(p) + (1 - y) * torch.log1p(-p))
+
+    def fit(self, logits, clicks, weights=None, groups=None) -> AutoCalibrator:
+        """Cross-fit the candidates and keep the winner (or the identity).
+
+        Args:
+            logits, clicks, weights: as every calibrator.
+            groups: ``[N]`` request id of every impression (folds never cut a request). Without
+                them every impression is its own group (a warning: impressions of one request are
+                correlated, so the noise is then underestimated).
+        """
+        z, y, w = _fit_inputs(logits, clicks, weights)
+        if groups is None:
+            import warnings
+
+            warnings.warn("AutoCalibrator.fit without groups: folds and noise by impression",
+                          stacklevel=2)
+            g = torch.arange(z.numel())
+        else:
+            g = torch.as_tensor(groups).reshape(-1)
+            if g.numel() != z.numel():
+                raise ValueError(f"groups has {g.numel()} entries for {z.numel()} logits")
+        uniq, gid = torch.unique(g, return_inverse=True)
+        n_groups = int(uniq.numel())
+        if n_groups < self.folds:
+            raise ValueError(f"auto: {n_groups} request(s) cannot make {self.folds} folds")
+        perm = torch.randperm(n_groups, generator=torch.Generator().manual_seed(self.seed))
+        fold = torch.empty(n_groups, dtype=torch.long)
+        fold[perm] = torch.arange(n_groups) % self.folds
+        fold_of = fold[gid]
+        base = self._nll(torch.sigmoid(z), y)
+        results: dict[str, dict] = {"none": {"cv_logloss": float((w * base).sum() / w.sum())}}
+        best, best_gain = "none", 0.0
+        for name in self.candidates:
+            oof = torch.empty_like(z)
+            ok = True
+            for k in range(self.folds):
+                train, test = fold_of != k, fold_of == k
+                try:
+                    cal = CALIBRATORS[name]().fit(z[train], y[train], w[train])
+                except ValueError as e:  # e.g. a fold without clicks
+                    results[name] = {"error": str(e)}
+                    ok = False
+                    break
+                oof[test] = cal.predict_proba(z[test])
+            if not ok:
+                continue
+            loss = self._nll(oof, y)
+            # paired per-request differences of the weighted log-loss sums, mean per impression
+            d = torch.zeros(n_groups, dtype=torch.float64).index_add_(0, gid, w * (base - loss))
+            gain = float(d.sum() / w.sum())
+            se = float(d.std(unbiased=True) * math.sqrt(n_groups) / w.sum()) if n_groups > 1 else math.inf
+            adopt = gain > self.z * se
+            results[name] = {"cv_logloss": float((w * loss).sum() / w.sum()), "improvement": gain,
+                             "se": se, "passes": bool(adopt)}
+            if adopt and gain > best_gain:
+                best, best_gain = name, gain
+        self.chosen = IdentityCalibrator() if best == "none" else CALIBRATORS[best]().fit(z, y, w)
+        self.decision = {"chosen": best, "rule": f"improvement > {self.z:g} x se, {self.folds} "
+                         "folds by request", "requests": n_groups, "candidates": results}
+        return self
+
+    def module(self) -> nn.Module:
+        return self.chosen.module()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "chosen": self.chosen.to_dict(), "decision": self.decision,
+                "candidates": list(self.candidates), "folds": self.folds, "z": self.z,
+                "seed": self.seed}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> AutoCalibrator:
+        return cls(candidates=tuple(d.get("candidates", ("platt", "isotonic"))),
+                   folds=int(d.get("folds", 5)), z=float(d.get("z", 2.0)),
+                   seed=int(d.get("seed", 0)), chosen=calibrator_from_dict(d["chosen"]),
+                   decision=d.get("decision"))
+
+
+CALIBRATORS["auto"] = AutoCalibrator

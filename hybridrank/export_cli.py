@@ -30,7 +30,13 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from .atomic import check_writable
-from .calibration import Calibrator, IdentityCalibrator, correction_shift, resolve_correction
+from .calibration import (
+    AutoCalibrator,
+    Calibrator,
+    IdentityCalibrator,
+    correction_shift,
+    resolve_correction,
+)
 from .export import (
     ScoreWriter,
     build_metadata,
@@ -148,33 +154,44 @@ def prepare(cfg: DictConfig) -> Prepared:
         split = str(cfg.get("calibration_split", "val"))
         if split not in SPLITS:
             raise ValueError(f"calibration_split must be one of {SPLITS}, got {split!r}")
-        z, y = _logits_labels(prep, split, int(cfg.get("chunk_rows", 200_000)))
+        z, y, groups = _logits_labels(prep, split, int(cfg.get("chunk_rows", 200_000)))
         z = z + shift
-        calibrator.fit(z, y)
+        if isinstance(calibrator, AutoCalibrator):
+            calibrator.fit(z, y, groups=groups)
+            log.info("calibrator auto chose %s: %s", calibrator.chosen.name,
+                     calibrator.decision["candidates"])
+        else:
+            calibrator.fit(z, y)
         bins = int(cfg.get("bins", 15))
         before = calibration_summary(torch.sigmoid(z), y, bins=bins)
         after = calibration_summary(calibrator.predict_proba(z), y, bins=bins)
         keys = ("n", "positives", "logloss", "ece", "pcoc")
         prep.calibration_fit = {"split": split, "before": {k: before[k] for k in keys},
                                 "after": {k: after[k] for k in keys}}
+        if isinstance(calibrator, AutoCalibrator):
+            prep.calibration_fit["decision"] = calibrator.decision
         log.info("calibrator %s fitted on %s: ECE %.5f -> %.5f, log loss %.5f -> %.5f",
                  calibrator.name, split, before["ece"], after["ece"], before["logloss"],
                  after["logloss"])
     return prep
 
 
-def _logits_labels(prep: Prepared, split: str, chunk_rows: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Click logits (float64) and labels of a whole split, chunk by chunk.
+def _logits_labels(prep: Prepared, split: str, chunk_rows: int
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Click logits (float64), labels and request index of every impression of a split.
 
     Scored where the labels were drawn: at the logged positions for a model with a position-bias
     tower (a calibrator fitted on serving scores against labels from all positions would fold
     the average position effect back into the pCTR).
     """
-    zs, ys = [], []
+    zs, ys, gs = [], [], []
+    n_requests = 0
     for data in prep.chunks(split, chunk_rows):
         zs.append(prep.model.predict_split(data, at_logged_position=True)[0].double())
         ys.append(data.label)
-    return torch.cat(zs), torch.cat(ys)
+        gs.append(data.request_of_row() + n_requests)
+        n_requests += data.n_requests
+    return torch.cat(zs), torch.cat(ys), torch.cat(gs)
 
 
 def position_bias_info(model: HybridRanker) -> dict | None:

@@ -449,3 +449,19 @@ def test_list_aware_model_exports_with_a_request_input(tmp_path, compose_cfg):
     # the context matters: the same rows scored as one big list give other scores
     alone = ts(num, cat, torch.zeros_like(request)).numpy()
     assert not np.allclose(alone, expected, atol=1e-4)
+
+
+@pytest.mark.slow
+def test_auto_calibrator_records_its_decision(trained, tmp_path):
+    from hybridrank.export_cli import export
+
+    out = tmp_path / "scores.parquet"
+    export(export_cfg(trained, out, "calibrator=auto"))
+    frame, meta = read_scores(out)
+    cal = calibrator_from_dict(meta["calibrator"])
+    decision = meta["calibrator"]["decision"]
+    assert decision["chosen"] == cal.chosen.name and set(decision["candidates"]) == {
+        "none", "platt", "isotonic"}
+    assert meta["calibration_fit"]["decision"] == decision
+    z = torch.from_numpy(frame["logit"].to_numpy().astype(np.float64))
+    assert np.allclose(frame["pctr"].to_numpy(), cal.predict_proba(z).numpy(), atol=1e-9)
