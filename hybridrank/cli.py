@@ -92,6 +92,9 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         result["test"] = {k: float(v) for k, v in tested[0].items()}
         result["reference"] = reference_rows(lambda: datamodule.eval_chunks("test", 1 << 20),
                                              model.new_metrics)
+        if trainer.is_global_zero and cfg.get("intervals", {}).get("n_boot", 0):
+            # trainer.test restored the best weights into `model`
+            result["intervals"] = test_intervals(model, datamodule, **cfg.intervals)
     name = cfg.get("optimized_metric")
     if name:
         stage = "test" if name.startswith("test/") else "val"
@@ -149,15 +152,61 @@ def reference_rows(chunks: Callable[[], Iterable], new_metrics: Callable[[], Any
     return rows
 
 
+def test_intervals(model: HybridRanker, datamodule, *, n_boot: int = 1000, alpha: float = 0.05,
+                   seed: int = 0) -> dict[str, Any]:
+    """Bootstrap intervals over test requests for the model and the reference rows
+    (:func:`hybridrank.uncertainty.split_intervals`; paired against this model)."""
+    from .uncertainty import split_intervals
+
+    datas = list(datamodule.eval_chunks("test", 1 << 20))
+    data = datas[0] if len(datas) == 1 else _concat(datas)
+    z = model.predict_split(data, at_logged_position=True)[0]
+    rate = float((data.label > 0).double().mean().clamp(1e-7, 1 - 1e-7))
+    rows = {"this model": z}
+    if data.true_p is not None:
+        rows["oracle (true pCTR)"] = torch.logit(data.true_p.double(), eps=1e-7)
+    rows["base rate"] = torch.logit(torch.full_like(z, rate, dtype=torch.float64))
+    return split_intervals(data, rows, metrics=TABLE_COLUMNS, n_boot=n_boot, alpha=alpha,
+                           seed=seed, **model.metric_config)
+
+
+def _concat(datas):
+    """Chunks of whole requests of one split as one ``ListData`` (the fields intervals need)."""
+    from .lists import ListData, lengths_to_offsets
+
+    true_p = None if any(d.true_p is None for d in datas) else torch.cat([d.true_p for d in datas])
+    return ListData(num=torch.cat([d.num for d in datas]), cat=torch.cat([d.cat for d in datas]),
+                    label=torch.cat([d.label for d in datas]),
+                    offsets=lengths_to_offsets(torch.cat([d.lengths for d in datas])),
+                    position=None if any(d.position is None for d in datas)
+                    else torch.cat([d.position for d in datas]), true_p=true_p)
+
+
 def format_table(result: dict[str, Any], columns=TABLE_COLUMNS) -> str:
-    """A small Markdown table: the model's test metrics and the reference rows."""
+    """A small Markdown table: the model's test metrics and the reference rows.
+
+    With ``result["intervals"]`` every cell is ``estimate [lower, upper]`` (bootstrap over test
+    requests) and a last line says how many requests and positives they rest on.
+    """
     lines = ["| model | " + " | ".join(columns) + " |", "|---" * (len(columns) + 1) + "|"]
     rows = [("this model", {k.removeprefix("test/"): v for k, v in result.get("test", {}).items()})]
     rows += list(result.get("reference", {}).items())
+    iv = result.get("intervals") or {}
     for name, values in rows:
-        cells = [f"{values[c]:.4f}" if c in values and not math.isnan(values[c]) else "n/a"
-                 for c in columns]
+        cells = []
+        for c in columns:
+            ci = iv.get("rows", {}).get(name, {}).get(c)
+            if c not in values or math.isnan(values[c]):
+                cells.append("n/a")
+            elif ci and ci[1] is not None:
+                cells.append(f"{values[c]:.4f} [{ci[1]:.4f}, {ci[2]:.4f}]")
+            else:
+                cells.append(f"{values[c]:.4f}")
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    if iv:
+        lines.append(f"\n{100 * (1 - iv['alpha']):.0f} % bootstrap intervals over "
+                     f"{iv['n_requests']:,} test requests ({iv['n_positives']:,} clicks / positive "
+                     f"labels; {iv['n_boot']} resamples, seed {iv['seed']}).")
     return "\n".join(lines)
 
 

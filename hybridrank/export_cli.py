@@ -48,6 +48,7 @@ from .export import (
 from .lists import ListData
 from .module import HybridRanker, evaluate_chunks
 from .report import calibration_summary, write_report
+from .uncertainty import split_intervals
 
 __all__ = ["export", "evaluate", "export_main", "eval_main", "prepare", "load_model",
            "input_chunks"]
@@ -390,8 +391,24 @@ def evaluate(cfg: DictConfig) -> dict[str, Any]:
              "correction": prep.correction, "calibration_fit": prep.calibration_fit,
              "ranking": {"before": ranking(z.float()),
                          "after": ranking(torch.logit(p_after, eps=1e-12).float())}}
+    n_boot = int(cfg.get("n_boot", 1000))
+    if n_boot:
+        # intervals over the split's requests; "after" and the oracle paired against "before"
+        whole = datas[0] if len(datas) == 1 else _concat_chunks(datas)
+        rows = {"before": z, "after": torch.logit(p_after, eps=1e-12)}
+        if "oracle (true pCTR)" in summaries:
+            rows["oracle (true pCTR)"] = torch.logit(true_p.double(), eps=1e-7)
+        extra["intervals"] = split_intervals(
+            whole, rows, metrics=("logloss", "ece", "pcoc", "ndcg@10", "gauc"), n_boot=n_boot,
+            seed=int(cfg.get("seed", 0)), **prep.model.metric_config)
     files = write_report(out_dir, summaries, extra=extra, figures=bool(cfg.get("figures", True)))
     return {**extra, "summaries": summaries, "files": files}
+
+
+def _concat_chunks(datas: list[ListData]) -> ListData:
+    from .cli import _concat
+
+    return _concat(datas)
 
 
 def _summary_line(name: str, s: Mapping[str, Any]) -> str:
@@ -417,9 +434,24 @@ def _export_hydra(cfg: DictConfig) -> None:
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="eval")
 def _eval_hydra(cfg: DictConfig) -> None:
     result = evaluate(cfg)
-    print(f"| {result['split']} split | logloss | ECE | PCOC |\n|---|---|---|---|")
-    for name, s in result["summaries"].items():
-        print(_summary_line(name, s))
+    iv = result.get("intervals")
+    if iv:
+        cols = ("logloss", "ece", "pcoc", "ndcg@10", "gauc")
+        print(f"| {result['split']} split | " + " | ".join(cols) + " |\n" + "|---" * 6 + "|")
+        for name, row in iv["rows"].items():
+            cells = [f"{v[0]:.4f} [{v[1]:.4f}, {v[2]:.4f}]" if v[1] is not None else
+                     ("n/a" if v[0] is None else f"{v[0]:.4f}") for v in (row[c] for c in cols)]
+            print(f"| {name} | " + " | ".join(cells) + " |")
+        for name, row in iv["paired"].items():
+            d = row["logloss"]
+            print(f"{name} - before, log loss: {d['diff']:+.5f} [{d['lower']:+.5f}, "
+                  f"{d['upper']:+.5f}] ({d['verdict']})")
+        print(f"{100 * (1 - iv['alpha']):.0f} % bootstrap intervals over {iv['n_requests']:,} "
+              f"requests, {iv['n_positives']:,} positives")
+    else:
+        print(f"| {result['split']} split | logloss | ECE | PCOC |\n|---|---|---|---|")
+        for name, s in result["summaries"].items():
+            print(_summary_line(name, s))
     for kind, path in result["files"].items():
         print(f"{kind}: {path}")
 

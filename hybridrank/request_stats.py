@@ -43,7 +43,7 @@ from .metrics import (
 )
 
 __all__ = ["Statistic", "RequestStats", "ratio", "ratio_stats", "ranking_stats", "calibration_stats",
-           "frame_stats", "request_offsets", "check_same_requests"]
+           "frame_stats", "split_stats", "request_offsets", "check_same_requests"]
 
 Totals = Mapping[str, np.ndarray]
 _EINSUM_MAX = 1 << 24  # multiply-adds below which the totals avoid BLAS
@@ -239,9 +239,12 @@ def _lists(scores, labels, mask, request_key):
     return keep, sizes, pos, request_key
 
 
+RANKING = ("ndcg", "map", "mrr", "gauc")
+
+
 def ranking_stats(scores, labels, mask, *, ks: int | Sequence[int | None] | None = 10,
                   gain: str = "exp", empty: str = "skip", ties: str = "average",
-                  request_key=None) -> RequestStats:
+                  request_key=None, include: Sequence[str] = RANKING) -> RequestStats:
     """Per-request ranking statistics: ``ndcg@k`` per k, ``map``, ``mrr``, ``gauc``.
 
     Conventions (``gain``, ``empty``, ``ties``) as in :mod:`hybridrank.metrics`, whose
@@ -258,27 +261,39 @@ def ranking_stats(scores, labels, mask, *, ks: int | Sequence[int | None] | None
     """
     kk, _ = _resolve_ks(ks)
     _check_options(empty=empty, gain=gain, ties=ties)
+    unknown = sorted(set(include) - set(RANKING))
+    if unknown:
+        raise ValueError(f"ranking_stats: unknown metrics {unknown}; choose from {RANKING}")
     keep, sizes, pos, key = _lists(scores, labels, mask, request_key)
     k_np = keep.cpu().numpy()
-    nd, valid = ndcg_per_list(scores, labels, mask, k=kk, gain=gain, empty=empty, ties=ties)
-    ap, _ = average_precision_per_list(scores, labels, mask, empty=empty)
-    rr, _ = reciprocal_rank_per_list(scores, labels, mask, empty=empty)
-    au, au_ok = auc_per_list(scores, labels, mask)
+    has_pos = (labels > 0) & mask
+    valid = mask.any(1) & (has_pos.any(1) if empty == "skip" else torch.ones_like(mask[:, 0]))
     v = _f64(valid)[k_np]
-    nd = _f64(nd)[k_np]
-    w = (_f64(mask.sum(1)) * _f64(au_ok))[k_np]
-    cols = {"lists:valid": v, "map:sum": _f64(ap)[k_np] * v, "mrr:sum": _f64(rr)[k_np] * v,
-            "gauc:num": _f64(au)[k_np] * w, "gauc:den": w}
+    cols = {"lists:valid": v}
     why = ("no valid request (every request lacks a positive label under empty='skip')"
            if empty == "skip" else "no request")
     mets = {}
-    for j, k in enumerate(kk):
-        name = "ndcg" if k is None else f"ndcg@{k}"
-        cols[f"{name}:sum"] = nd[:, j] * v
-        mets[name] = ratio(f"{name}:sum", "lists:valid", undefined=why)
-    mets["map"] = ratio("map:sum", "lists:valid", undefined=why)
-    mets["mrr"] = ratio("mrr:sum", "lists:valid", undefined=why)
-    mets["gauc"] = ratio("gauc:num", "gauc:den", undefined="no request has both a positive and a negative")
+    if "ndcg" in include:
+        nd, _ = ndcg_per_list(scores, labels, mask, k=kk, gain=gain, empty=empty, ties=ties)
+        nd = _f64(nd)[k_np]
+        for j, k in enumerate(kk):
+            name = "ndcg" if k is None else f"ndcg@{k}"
+            cols[f"{name}:sum"] = nd[:, j] * v
+            mets[name] = ratio(f"{name}:sum", "lists:valid", undefined=why)
+    if "map" in include:
+        ap, _ = average_precision_per_list(scores, labels, mask, empty=empty)
+        cols["map:sum"] = _f64(ap)[k_np] * v
+        mets["map"] = ratio("map:sum", "lists:valid", undefined=why)
+    if "mrr" in include:
+        rr, _ = reciprocal_rank_per_list(scores, labels, mask, empty=empty)
+        cols["mrr:sum"] = _f64(rr)[k_np] * v
+        mets["mrr"] = ratio("mrr:sum", "lists:valid", undefined=why)
+    if "gauc" in include:
+        au, au_ok = auc_per_list(scores, labels, mask)
+        w = (_f64(mask.sum(1)) * _f64(au_ok))[k_np]
+        cols["gauc:num"], cols["gauc:den"] = _f64(au)[k_np] * w, w
+        mets["gauc"] = ratio("gauc:num", "gauc:den",
+                             undefined="no request has both a positive and a negative")
     return RequestStats(cols, mets, sizes, pos, key)
 
 
@@ -365,6 +380,24 @@ def frame_stats(frame, *, score: str = "pctr", label: str = "label", request: st
     p, y = p.masked_fill(~mask, 0.0), y.masked_fill(~mask, 0.0)
     rank = ranking_stats(p, y, mask, ks=tuple(ks), empty=empty, request_key=keys)
     return rank.merge(calibration_stats(p, y, mask, bins=bins, binning=binning, request_key=keys))
+
+
+def split_stats(data, logits: torch.Tensor, *, ks: Sequence[int | None] = (10,),
+                gain: str = "exp", empty: str = "skip", ties: str = "average", bins: int = 15,
+                binning: str = "quantile", include: Sequence[str] = RANKING) -> RequestStats:
+    """Ranking + calibration statistics of flat ``[N]`` logits on a split (``ListData``).
+
+    The probability is ``σ(logit)``; requests are the split's, in storage order; conventions as
+    :class:`~hybridrank.metrics.ListMetrics` (the keyword arguments of a metrics config).
+    """
+    from .lists import gather_lists
+
+    idx, mask = pad_index(data.lengths)
+    p = gather_lists(torch.sigmoid(logits.double()), idx, mask)
+    y = gather_lists(data.label.double(), idx, mask)
+    rank = ranking_stats(p, y, mask, ks=tuple(ks), gain=gain, empty=empty, ties=ties,
+                         include=include)
+    return rank.merge(calibration_stats(p, y, mask, bins=bins, binning=binning))
 
 
 def check_same_requests(a: RequestStats, b: RequestStats) -> None:

@@ -22,8 +22,10 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
+import torch
 
 from .request_stats import (
     RequestStats,
@@ -41,7 +43,7 @@ __all__ = [
     "Statistic", "RequestStats", "Interval", "PairedResult", "ratio", "ratio_stats",
     "ranking_stats", "calibration_stats", "frame_stats", "request_offsets", "resample_counts",
     "bootstrap_replicates", "bootstrap", "paired_bootstrap", "compare_bootstrap", "check_same_requests",
-    "format_interval",
+    "format_interval", "split_intervals",
 ]
 
 _SCHEMES = ("multinomial", "poisson")
@@ -321,6 +323,48 @@ def compare_bootstrap(stats: Mapping[str, RequestStats], *, baseline: str | None
     paired = {r: _paired(stats[r], stats[base], names, reps[r], reps[base], alpha, n_boot)
               for r in runs if r != base}
     return intervals, paired
+
+def split_intervals(data, rows: Mapping[str, torch.Tensor], *, baseline: str | None = None,
+                    metrics: Sequence[str] = ("ndcg@10", "gauc", "logloss", "ece", "pcoc"),
+                    n_boot: int = 1000, alpha: float = 0.05, seed: int = 0,
+                    **conventions) -> dict[str, Any]:
+    """Bootstrap intervals over the requests of a split for several logits, and paired tests.
+
+    The building block of the report tables (``hybridrank-train``'s result table,
+    ``hybridrank-eval``): every row is a set of flat ``[N]`` logits on the same split
+    (``σ(logit)`` the probability), resampled with the same request counts.
+
+    Args:
+        data: the split (``ListData``); rows: row name -> ``[N]`` logits; baseline: the row the
+            others are compared with (default the first); metrics: which to report (``ndcg@K``,
+            ``gauc``, ``map``, ``mrr``, ``logloss``, ``ne``, ``ece``, ``pcoc``, ``ctr``);
+            conventions: ``gain``, ``empty``, ``ties``, ``bins``, ``binning`` as ListMetrics.
+
+    Returns:
+        JSON-able ``{"rows": {row: {metric: [estimate, lower, upper]}}, "paired": {row: {metric:
+        {"diff", "lower", "upper", "p_value", "verdict"}}}, "n_requests", "n_positives",
+        "n_boot", "alpha", "seed"}``.
+    """
+    from .request_stats import split_stats
+
+    ks = tuple(int(m.split("@")[1]) for m in metrics if m.startswith("ndcg@"))
+    include = tuple(m for m in ("ndcg", "map", "mrr", "gauc")
+                    if m in metrics or (m == "ndcg" and ks))
+    conv = {k: v for k, v in conventions.items() if k in ("gain", "empty", "ties", "bins", "binning")}
+    stats = {name: split_stats(data, z, ks=ks or (10,), include=include, **conv)
+             for name, z in rows.items()}
+    first = next(iter(stats.values()))
+    names = [m for m in metrics if m in first.metrics]
+    ivs, paired = compare_bootstrap(stats, baseline=baseline, n_boot=n_boot, alpha=alpha, seed=seed,
+                                    metrics=names)
+    return {"rows": {r: {m: [iv.estimate, iv.lower, iv.upper] for m, iv in d.items()}
+                     for r, d in ivs.items()},
+            "paired": {r: {m: {"diff": p.diff, "lower": p.lower, "upper": p.upper,
+                               "p_value": p.p_value, "verdict": p.verdict} for m, p in d.items()}
+                       for r, d in paired.items()},
+            "n_requests": first.n_requests, "n_positives": first.n_positives,
+            "n_boot": n_boot, "alpha": alpha, "seed": seed}
+
 
 # --- formatting --------------------------------------------------------------------------------
 
