@@ -183,12 +183,13 @@ def test_csv_export_with_sidecar_and_all_splits(trained, tmp_path):
 @pytest.fixture(scope="module")
 def sim_file(trained, tmp_path_factory):
     """The simulated click log behind the checkpoint, as a parquet file."""
+    import hydra
+
     from hybridrank.simulate import simulate_clicklog
 
-    src = dict(trained["config"]["data"]["source"])
-    kwargs = {k: v for k, v in src.items() if k not in ("_target_", "split", "label_max")}
+    source = hydra.utils.instantiate(trained["config"]["data"]["source"])
     path = tmp_path_factory.mktemp("data") / "log.parquet"
-    simulate_clicklog(**kwargs).write_parquet(path)
+    simulate_clicklog(**source.simulator).write_parquet(path)
     return path
 
 
