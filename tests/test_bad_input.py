@@ -97,6 +97,34 @@ def reference_libsvm(raw: bytes, n_features: int | None = None) -> dict:
     return {"label": labels, "qid": qids, "comment": comments, "line": lines, "dense": dense}
 
 
+@pytest.mark.parametrize("raw, expect", [
+    # a lone carriage return inside a line is whitespace (as str.split() treats it), not part of
+    # the qid: before the fix the qid was '1\r' and the request split in two
+    (b"0 qid:1 1:0\n0 qid:1\r 1:0 2:0\n", {"qid": ["1", "1"]}),
+    # 'qid:' followed by a CR is an empty qid on that line (was accepted as the qid '\r1')
+    (b"0 qid:1 1:0\n0 qid:\r1 1:0\n0 q0id:1 1:0\n", "line 2: missing or empty qid"),
+    # a duplicate index is found even when another line holds an unparseable token
+    (b"0 qid:1 1:0 1:2\n0 qid:1 .\n", "line 1: duplicate feature index"),
+], ids=["cr-in-line", "cr-after-qid", "duplicate-with-bad-token-elsewhere"])
+def test_libsvm_whitespace_and_first_error_regressions(tmp_path, raw, expect):
+    """Found by the fuzz test below under a random hypothesis seed (the CI profile is fixed)."""
+    path = tmp_path / "f.txt"
+    path.write_bytes(raw)
+    if isinstance(expect, str):
+        with pytest.raises(ValueError, match=re.escape(expect)):
+            read_libsvm(path)
+        assert isinstance(reference_libsvm_or_rejected(raw), Rejected)
+    else:
+        assert read_libsvm(path)["qid"].to_list() == expect["qid"] == reference_libsvm(raw)["qid"]
+
+
+def reference_libsvm_or_rejected(raw: bytes):
+    try:
+        return reference_libsvm(raw)
+    except Rejected as r:
+        return r
+
+
 def _max_index(raw: bytes) -> int:
     return max((int(m) for m in re.findall(rb"(?<![0-9.eE+-])([0-9]{1,30}):", raw)), default=0)
 
