@@ -37,7 +37,7 @@ from .readers import (
     validate_frame,
 )
 from .simulate import simulate_clicklog
-from .vocab import VocabPolicy, hash_codes, select_vocab, table_report, vocab_policies
+from .vocab import VocabIndex, VocabPolicy, hash_codes, select_vocab, table_report, vocab_policies
 
 __all__ = [
     "ColumnMap", "Schema", "Splits", "SimulatedSource", "LetorSource", "ClickLogSource",
@@ -129,6 +129,14 @@ class Schema:
         if need or extra:
             raise ValueError(f"Schema: vocabularies missing for {need} / given for {extra} "
                              "(hashed or unknown columns have none)")
+
+    def _vocab_index(self, column: str) -> VocabIndex:
+        """The column's :class:`~hybridrank.vocab.VocabIndex`, built once per schema (a cache
+        outside the dataclass fields: equality and ``to_dict`` ignore it)."""
+        cache = self.__dict__.setdefault("_vocab_cache", {})
+        if column not in cache:
+            cache[column] = VocabIndex(self.vocab[column])
+        return cache[column]
 
     @property
     def hashed(self) -> dict[str, int]:
@@ -293,13 +301,9 @@ class Schema:
                 oov[c] = int((hc == 0).sum())
                 codes.append(hc)
                 continue
-            v = self.vocab[c]
-            code = (df[c].cast(pl.String)
-                    .replace_strict(list(v), list(range(1, len(v) + 1)), default=0,
-                                    return_dtype=pl.Int64)
-                    .fill_null(0))
+            code = self._vocab_index(c).codes(df[c])
             oov[c] = int((code == 0).sum())
-            codes.append(np.array(code.to_numpy(), copy=True))
+            codes.append(code)
         cat = np.stack(codes, axis=1) if codes else np.zeros((n, 0), dtype=np.int64)
 
         def t(col: str | None, dtype: torch.dtype) -> torch.Tensor | None:

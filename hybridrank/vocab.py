@@ -42,8 +42,8 @@ from dataclasses import dataclass
 import numpy as np
 import polars as pl
 
-__all__ = ["VocabPolicy", "vocab_policies", "select_vocab", "ValueCounter", "DistinctSketch",
-           "hash_codes", "collision_share", "table_bytes", "table_report"]
+__all__ = ["VocabPolicy", "vocab_policies", "select_vocab", "ValueCounter", "VocabIndex",
+           "DistinctSketch", "hash_codes", "collision_share", "table_bytes", "table_report"]
 
 log = logging.getLogger(__name__)
 
@@ -262,6 +262,39 @@ class ValueCounter:
         if len(self._parts) > 1:
             self._merge()
         return self._parts[0]
+
+
+class VocabIndex:
+    """Codes of a vocabulary column: a binary search over the vocabulary, held once as a sorted
+    polars column (no per-call hash map, so a chunk of ``B`` values costs ``O(B log V)`` however
+    large ``V`` is).
+
+    >>> VocabIndex(("a", "c")).codes(pl.Series(["c", "b", None, "a"])).tolist()
+    [2, 0, 0, 1]
+    """
+
+    def __init__(self, vocab: Sequence[str]):
+        s = pl.Series("value", list(vocab), dtype=pl.String)
+        self.perm: np.ndarray | None = None
+        if not s.is_sorted():  # a hand-built vocabulary: search a sorted copy, map back
+            order = s.arg_sort()
+            s, self.perm = s.gather(order), order.to_numpy().astype(np.int64)
+        self.values = s
+
+    def __len__(self) -> int:
+        return len(self.values)
+
+    def codes(self, values: pl.Series) -> np.ndarray:
+        """``[N]`` int64: ``k + 1`` for ``vocab[k]``, 0 for values not in it and missing ones."""
+        n = len(self.values)
+        if n == 0:
+            return np.zeros(len(values), dtype=np.int64)
+        q = values.cast(pl.String)
+        idx = self.values.search_sorted(q, side="left").cast(pl.Int64)
+        hit = (self.values.gather(idx.clip(0, n - 1)) == q).fill_null(False) & (idx < n)
+        pos = idx.clip(0, n - 1).to_numpy()
+        k = pos if self.perm is None else self.perm[pos]
+        return np.where(hit.to_numpy(), k + 1, 0).astype(np.int64)
 
 
 # ----------------------------------------------------------------------------------------------
