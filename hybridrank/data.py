@@ -37,11 +37,12 @@ from .readers import (
     validate_frame,
 )
 from .simulate import simulate_clicklog
+from .vocab import VocabIndex, VocabPolicy, hash_codes, select_vocab, table_report, vocab_policies
 
 __all__ = [
     "ColumnMap", "Schema", "Splits", "SimulatedSource", "LetorSource", "ClickLogSource",
     "read_libsvm", "read_clicklog", "validate_frame", "split_frame", "stable_hash",
-    "SIM_COLUMNS_MAP",
+    "SIM_COLUMNS_MAP", "VocabPolicy",
 ]
 
 log = logging.getLogger(__name__)
@@ -86,8 +87,9 @@ class Schema:
     Attributes:
         numeric: numeric feature names (columns of ``ListData.num``, in order).
         categorical: categorical feature names (columns of ``ListData.cat``, in order).
-        vocab: per categorical, the sorted unique train values as strings; value ``vocab[c][k]``
-            has code ``k + 1``, code 0 is out-of-vocabulary (unseen or missing).
+        vocab: per categorical with a vocabulary, the sorted train values its policy keeps, as
+            strings; value ``vocab[c][k]`` has code ``k + 1``, code 0 is out-of-vocabulary
+            (unseen, dropped by the policy, or missing). Hashed columns have no entry.
         mean, std: train mean and standard deviation (population) of each numeric feature;
             a std of 0 (or undefined) is stored as 1. ``normalize=False`` stores 0 / 1.
         label_max: the largest label value (1 for clicks, 2 for MQ2008, 4 for MSLR).
@@ -96,6 +98,10 @@ class Schema:
             :func:`~hybridrank.readers.validate_frame` the data was read under; :meth:`validate`
             applies them to new data (a model trained with ``nan_policy="fill"`` fills NaN
             features of the files it scores with the same ``fill_value``).
+        vocab_policy: per categorical, its :class:`~hybridrank.vocab.VocabPolicy` (minimum
+            count, size cap, or ``hash_buckets``: code ``1 + stable_hash(value) mod n``, 0 when
+            missing; :mod:`hybridrank.vocab`). Columns left out get the default (keep every
+            train value).
     """
 
     numeric: tuple[str, ...]
@@ -109,6 +115,33 @@ class Schema:
     fill_value: float = 0.0
     duplicates: str = "error"
     max_request_span: float | None = MAX_REQUEST_SPAN
+    vocab_policy: Mapping[str, VocabPolicy] = field(default_factory=dict)
+
+    def __post_init__(self):
+        unknown = sorted(set(self.vocab_policy) - set(self.categorical))
+        if unknown:
+            raise ValueError(f"Schema: vocab_policy for {unknown}, which are not categorical "
+                             f"features {list(self.categorical)}")
+        pol = {c: self.vocab_policy.get(c, VocabPolicy()) for c in self.categorical}
+        object.__setattr__(self, "vocab_policy", pol)
+        need = [c for c in self.categorical if not pol[c].hashed and c not in self.vocab]
+        extra = [c for c in self.vocab if c not in self.categorical or pol[c].hashed]
+        if need or extra:
+            raise ValueError(f"Schema: vocabularies missing for {need} / given for {extra} "
+                             "(hashed or unknown columns have none)")
+
+    def _vocab_index(self, column: str) -> VocabIndex:
+        """The column's :class:`~hybridrank.vocab.VocabIndex`, built once per schema (a cache
+        outside the dataclass fields: equality and ``to_dict`` ignore it)."""
+        cache = self.__dict__.setdefault("_vocab_cache", {})
+        if column not in cache:
+            cache[column] = VocabIndex(self.vocab[column])
+        return cache[column]
+
+    @property
+    def hashed(self) -> dict[str, int]:
+        """``{column: buckets}`` of the hashed categoricals."""
+        return {c: p.hash_buckets for c, p in self.vocab_policy.items() if p.hashed}
 
     @property
     def policies(self) -> dict:
@@ -126,13 +159,20 @@ class Schema:
 
     @property
     def vocab_sizes(self) -> tuple[int, ...]:
-        """Vocabulary size of each categorical, without the OOV bucket (embeddings need V + 1)."""
-        return tuple(len(self.vocab[c]) for c in self.categorical)
+        """Vocabulary size of each categorical (the bucket count of a hashed one), without code 0
+        (embedding tables have V + 1 rows)."""
+        return tuple(self.vocab_policy[c].hash_buckets if self.vocab_policy[c].hashed
+                     else len(self.vocab[c]) for c in self.categorical)
 
     @classmethod
     def fit(cls, train: pl.DataFrame, columns: ColumnMap, label_max: float, *,
-            normalize: bool = True, **policies) -> Schema:
-        """Fit vocabularies and the scaler on the (validated) train frame; record the policies."""
+            normalize: bool = True, vocab: Mapping | None = None, **policies) -> Schema:
+        """Fit vocabularies and the scaler on the (validated) train frame; record the policies.
+
+        ``vocab`` is the ``vocab:`` config node (:func:`~hybridrank.vocab.vocab_policies`) or
+        ``{column: VocabPolicy}``; None keeps every train value of every column. The embedding
+        rows of each column (and a hashed column's expected collision share) are logged.
+        """
         unknown = sorted(set(policies) - set(POLICY_DEFAULTS))
         if unknown:
             raise ValueError(f"Schema.fit: unknown policies {unknown}; known {sorted(POLICY_DEFAULTS)}")
@@ -149,12 +189,15 @@ class Schema:
                         for s in stats[len(num):])
         else:
             mean, std = (0.0,) * len(num), (1.0,) * len(num)
-        vocab = {
-            c: tuple(train[c].cast(pl.String).drop_nulls().unique().sort().to_list())
-            for c in columns.categorical
-        }
-        return cls(tuple(num), tuple(columns.categorical), vocab, mean, std, float(label_max),
-                   columns, **policies)
+        vpol = vocab_policies(vocab, columns.categorical)
+        vocabs = {c: select_vocab(train[c], p) for c, p in vpol.items() if not p.hashed}
+        schema = cls(tuple(num), tuple(columns.categorical), vocabs, mean, std, float(label_max),
+                     columns, **policies, vocab_policy=vpol)
+        distinct = {c: (train[c].drop_nulls().cast(pl.String).n_unique(), True)
+                    for c in columns.categorical if not vpol[c].keeps_all}
+        if schema.categorical:
+            log.info("schema: %s", table_report(schema, distinct))
+        return schema
 
     def to_dict(self) -> dict:
         """JSON-serialisable form (stored in checkpoints)."""
@@ -163,11 +206,13 @@ class Schema:
             "vocab": {c: list(v) for c, v in self.vocab.items()},
             "mean": list(self.mean), "std": list(self.std), "label_max": self.label_max,
             "columns": self.columns.to_dict(), "policies": self.policies,
+            "vocab_policy": {c: p.to_dict() for c, p in self.vocab_policy.items()},
         }
 
     @classmethod
     def from_dict(cls, d: Mapping) -> Schema:
-        """Inverse of :meth:`to_dict` (schemas saved without ``policies`` get the defaults)."""
+        """Inverse of :meth:`to_dict` (schemas saved without ``policies`` / ``vocab_policy`` get
+        the defaults: every column a vocabulary of all its train values)."""
         policies = {**POLICY_DEFAULTS, **dict(d.get("policies") or {})}
         return cls(
             numeric=tuple(d["numeric"]), categorical=tuple(d["categorical"]),
@@ -175,6 +220,8 @@ class Schema:
             mean=tuple(float(x) for x in d["mean"]), std=tuple(float(x) for x in d["std"]),
             label_max=float(d["label_max"]), columns=ColumnMap.from_dict(d["columns"]),
             **policies,
+            vocab_policy={str(c): VocabPolicy.from_dict(p)
+                          for c, p in (d.get("vocab_policy") or {}).items()},
         )
 
     @classmethod
@@ -187,7 +234,8 @@ class Schema:
     def transform(self, frame: pl.DataFrame) -> ListData:
         """Turn a (validated) frame into ``ListData``; see :meth:`transform_with_stats`.
 
-        Out-of-vocabulary counts are logged (INFO) when there are any.
+        Code-0 counts (out of vocabulary, or missing in a hashed column) are logged (INFO) when
+        there are any.
         """
         data, stats = self.transform_with_stats(frame)
         if any(stats["oov"].values()):
@@ -202,8 +250,9 @@ class Schema:
         else input order. Rows of one request need not be adjacent in the input.
 
         Returns:
-            ``(data, stats)`` with ``stats = {"oov": {column: count of code-0 rows}}``; the counts
-            are also logged.
+            ``(data, stats)`` with ``stats = {"oov": {column: count of code-0 rows}}``: values out of
+            the vocabulary or missing; for a hashed column, missing values only (every present
+            value has a bucket).
 
         Raises:
             ValueError: a mapped column is missing, or a request has rows of two sessions / users.
@@ -247,13 +296,14 @@ class Schema:
         oov: dict[str, int] = {}
         codes = []
         for c in self.categorical:
-            v = self.vocab[c]
-            code = (df[c].cast(pl.String)
-                    .replace_strict(list(v), list(range(1, len(v) + 1)), default=0,
-                                    return_dtype=pl.Int64)
-                    .fill_null(0))
+            if self.vocab_policy[c].hashed:
+                hc = hash_codes(df[c], self.vocab_policy[c].hash_buckets)
+                oov[c] = int((hc == 0).sum())
+                codes.append(hc)
+                continue
+            code = self._vocab_index(c).codes(df[c])
             oov[c] = int((code == 0).sum())
-            codes.append(np.array(code.to_numpy(), copy=True))
+            codes.append(code)
         cat = np.stack(codes, axis=1) if codes else np.zeros((n, 0), dtype=np.int64)
 
         def t(col: str | None, dtype: torch.dtype) -> torch.Tensor | None:
@@ -394,7 +444,7 @@ def _log_split(name: str, frame: pl.DataFrame, columns: ColumnMap) -> None:
 
 def _finish(name: str, frames: dict[str, pl.DataFrame], columns: ColumnMap, label_max: float,
             normalize: bool = True, schema: Schema | None = None, policies: Mapping | None = None,
-            ) -> Splits:
+            vocab: Mapping | None = None) -> Splits:
     """Check no split is empty, fit the schema on train (or use the given one), transform all three."""
     for split, f in frames.items():
         if f.height == 0:
@@ -402,7 +452,7 @@ def _finish(name: str, frames: dict[str, pl.DataFrame], columns: ColumnMap, labe
         _log_split(f"{name} {split}", f, columns)
     if schema is None:
         schema = Schema.fit(frames["train"], columns, label_max, normalize=normalize,
-                            **dict(policies or {}))
+                            vocab=vocab, **dict(policies or {}))
     out = {}
     for split, f in frames.items():
         data, stats = schema.transform_with_stats(f)
@@ -562,8 +612,12 @@ class ClickLogSource:
             first) or ``"keep"`` (:func:`~hybridrank.readers.validate_frame`).
         max_request_span: seconds; a request id whose rows lie further apart in time is an error
             (a reused id); None keeps them as one request.
+        vocab: how categoricals become codes: ``{min_count: 1, max_size: null, hash_buckets:
+            {column: n}, columns: {column: {min_count, max_size}}}`` (:mod:`hybridrank.vocab`;
+            None: every train value of every column).
         schema: a trained model's schema (or its dict): read with its scaler, vocabularies, label
-            range and value policies (which then replace the four above) instead of fitting.
+            range and value and vocabulary policies (which then replace those above) instead of
+            fitting.
 
     The value policies are recorded in the fitted :class:`Schema`, so they travel with a trained
     model and apply again when it scores new files.
@@ -572,22 +626,26 @@ class ClickLogSource:
     def __init__(self, path: str | Path, columns: Mapping, split: Mapping | None = None,
                  label_max: float = 1, nan_policy: str = "error", fill_value: float = 0.0,
                  duplicates: str = "error", max_request_span: float | None = MAX_REQUEST_SPAN,
-                 schema: Schema | Mapping | None = None):
+                 vocab: Mapping | None = None, schema: Schema | Mapping | None = None):
         self.path = path
         self.columns = columns if isinstance(columns, ColumnMap) else ColumnMap.from_dict(columns)
         self.split = _split_args(split)
         self.label_max = float(label_max)
         self.policies = {"nan_policy": nan_policy, "fill_value": float(fill_value),
                          "duplicates": duplicates, "max_request_span": max_request_span}
+        self.vocab = vocab_policies(vocab, self.columns.categorical, f"{path}: vocab")
         self.schema = _given_schema(schema, self.columns, str(path))
         if self.schema is not None:
             if self.schema.policies != self.policies:
                 log.info("%s: reading with the model's value policies %s", path, self.schema.policies)
+            if vocab is not None and dict(self.schema.vocab_policy) != self.vocab:
+                log.info("%s: reading with the model's vocabulary policies", path)
             self.policies, self.label_max = self.schema.policies, self.schema.label_max
+            self.vocab = dict(self.schema.vocab_policy)
 
     def load(self) -> Splits:
         frame = validate_frame(read_clicklog(self.path, self.columns), self.columns,
                                label_max=self.label_max, name=str(self.path), **self.policies)
         parts = split_frame(frame, self.columns, **self.split)
         return _finish(str(self.path), dict(zip(("train", "val", "test"), parts)), self.columns,
-                       self.label_max, schema=self.schema, policies=self.policies)
+                       self.label_max, schema=self.schema, policies=self.policies, vocab=self.vocab)

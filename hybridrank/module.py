@@ -163,7 +163,7 @@ class HybridRanker(pl.LightningModule):
                              "config (the feature sizes come from the data)")
         base = self.data_info.get("base_rate")
         return factory(n_numeric=len(schema["numeric"]),
-                       vocab_sizes=[len(schema["vocab"][c]) for c in schema["categorical"]],
+                       vocab_sizes=list(self.schema.vocab_sizes),
                        n_outputs=self.loss.n_outputs,
                        base_rate=None if base is None else float(base))
 

@@ -37,11 +37,12 @@ import pytorch_lightning as lightning
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from .data import POLICY_DEFAULTS, Schema, split_frame
+from .data import POLICY_DEFAULTS, Schema, split_frame, stable_hash
 from .lists import Batch, ListData
 from .readers import MAX_REQUEST_SPAN, ColumnMap, request_key_expr
 from .sampler import GroupBatchSampler, capped_sizes, collate, unit_ids
 from .scanner import Chunk, ClickLogScanner
+from .vocab import DistinctSketch, ValueCounter, select_vocab, table_report, vocab_policies
 
 __all__ = ["StreamingClickLogSource", "StreamingListDataset", "StreamingDataModule"]
 
@@ -70,6 +71,11 @@ class StreamingClickLogSource:
         fit_rows: fit the schema on the first ``fit_rows`` training rows (whole chunks) instead
             of all: faster; ids first seen later go to the OOV bucket 0.
         normalize: standardise numeric features (as :meth:`Schema.fit`).
+        vocab: vocabulary policies, as :class:`~hybridrank.data.ClickLogSource`. The pass counts
+            the values of vocabulary columns in polars columns merged as it goes (exact counts,
+            so ``min_count`` / ``max_size`` give the in-memory fit's vocabulary; memory grows with
+            the distinct values); hashed columns accumulate nothing but a 16 KiB HyperLogLog
+            sketch that estimates their distinct count for the collision log line.
         schema: a fitted schema (e.g. a checkpoint's) used as is, policies included: no pass.
     """
 
@@ -78,7 +84,7 @@ class StreamingClickLogSource:
                  nan_policy: str = "error", fill_value: float = 0.0, duplicates: str = "error",
                  max_request_span: float | None = MAX_REQUEST_SPAN, chunk_rows: int = 100_000,
                  fit_rows: int | None = None, normalize: bool = True,
-                 schema: Schema | Mapping | None = None):
+                 vocab: Mapping | None = None, schema: Schema | Mapping | None = None):
         self.columns = columns if isinstance(columns, ColumnMap) else ColumnMap.from_dict(columns)
         self.scanner = ClickLogScanner(path, self.columns, chunk_rows=chunk_rows)
         self.files = self.scanner.files
@@ -95,9 +101,11 @@ class StreamingClickLogSource:
         self.policies = {"nan_policy": nan_policy, "fill_value": float(fill_value),
                          "duplicates": duplicates, "max_request_span": max_request_span}
         self.fit_rows, self.normalize = fit_rows, normalize
+        self.vocab = vocab_policies(vocab, self.columns.categorical, f"{self.scanner.pattern}: vocab")
         self._schema = Schema.coerce(schema)
         if self._schema is not None:
             self.policies, self.label_max = self._schema.policies, self._schema.label_max
+            self.vocab = dict(self._schema.vocab_policy)
         self.oov: dict[str, int] = {}
         self.train_stats: dict[str, float] = {}
 
@@ -161,7 +169,9 @@ class StreamingClickLogSource:
         n, positives = 0, 0.0
         mean = np.zeros(len(num))
         m2 = np.zeros(len(num))
-        vocab: dict[str, set[str]] = {c: set() for c in cm.categorical}
+        counters = {c: ValueCounter(counts=not p.keeps_all)
+                    for c, p in self.vocab.items() if not p.hashed}
+        sketches = {c: DistinctSketch() for c, p in self.vocab.items() if p.hashed}
         for chunk in self.layout():
             if self.fit_rows is not None and n >= self.fit_rows:
                 break
@@ -181,8 +191,10 @@ class StreamingClickLogSource:
                 m2 = m2 + m2k + delta ** 2 * (n * k / tot)
             n += frame.height
             positives += float((frame[cm.label] > 0).sum())
-            for c in cm.categorical:
-                vocab[c].update(frame[c].cast(pl.String).drop_nulls().unique().to_list())
+            for c, counter in counters.items():
+                counter.update(frame[c])
+            for c, sketch in sketches.items():
+                sketch.update(stable_hash(frame[c].drop_nulls()))
         if n == 0:
             raise ValueError(f"{self.scanner.pattern}: no training rows (check the split fractions)")
         if num and self.normalize:
@@ -191,12 +203,18 @@ class StreamingClickLogSource:
             stds = tuple(float(s) if np.isfinite(s) and s > 0 else 1.0 for s in std)
         else:
             means, stds = (0.0,) * len(num), (1.0,) * len(num)
-        vocabs = {c: tuple(pl.Series(list(v), dtype=pl.String).sort().to_list())
-                  for c, v in vocab.items()}
+        distinct = {c: (float(counter.frame().height), True) for c, counter in counters.items()
+                    if not self.vocab[c].keeps_all}
+        distinct |= {c: (sketch.estimate(), False) for c, sketch in sketches.items()}
+        vocabs = {c: select_vocab(counter.frame(), self.vocab[c]) for c, counter in counters.items()}
+        del counters
         self.train_stats = {"rows": n, "positives": positives}
         log.info("streaming schema fitted on %d training rows", n)
-        return Schema(tuple(num), tuple(cm.categorical), vocabs, means, stds, self.label_max, cm,
-                      **{k: self.policies[k] for k in POLICY_DEFAULTS})
+        schema = Schema(tuple(num), tuple(cm.categorical), vocabs, means, stds, self.label_max, cm,
+                        **{k: self.policies[k] for k in POLICY_DEFAULTS}, vocab_policy=self.vocab)
+        if schema.categorical:
+            log.info("schema: %s", table_report(schema, distinct))
+        return schema
 
     def dataset(self, **kwargs) -> StreamingListDataset:
         """A :class:`StreamingListDataset` over this source (keyword arguments passed on)."""
