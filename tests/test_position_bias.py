@@ -44,16 +44,22 @@ def test_serve_adds_the_offset_to_the_click_logit_only(n_outputs):
 
 
 def test_model_refuses_position_as_a_feature_or_no_position():
-    schema = {"numeric": ["x", "position"], "categorical": [], "vocab": {},
-              "columns": {"request": "r", "label": "y", "position": "position"}}
+    from hybridrank.data import ColumnMap, Schema
+
+    frame = pl.DataFrame({"r": [1, 1, 2], "y": [0.0, 1.0, 0.0], "x": [0.1, 0.2, 0.3],
+                          "position": [1, 2, 1]})
     tower = {"_target_": "hybridrank.nets.PositionBias"}
     scorer = {"_target_": "hybridrank.nets.MLPScorer", "_partial_": True}
     loss = {"_target_": "hybridrank.losses.HybridLoss"}
+    as_feature = Schema.fit(frame, ColumnMap(request="r", label="y", position="position",
+                                             numeric=["x", "position"]), 1)
     with pytest.raises(ValueError, match="also a numeric feature"):
-        HybridRanker(scorer, loss, position_bias=tower, data={"schema": schema})
-    schema = {**schema, "numeric": ["x"], "columns": {"request": "r", "label": "y"}}
+        HybridRanker(scorer, loss, position_bias=tower, data={"schema": as_feature.to_dict()})
+    no_position = Schema.fit(frame, ColumnMap(request="r", label="y", numeric=["x"]), 1)
     with pytest.raises(ValueError, match="needs the display position"):
-        HybridRanker(scorer, loss, position_bias=tower, data={"schema": schema})
+        HybridRanker(scorer, loss, position_bias=tower, data={"schema": no_position.to_dict()})
+    ok = Schema.fit(frame, ColumnMap(request="r", label="y", position="position", numeric=["x"]), 1)
+    assert HybridRanker(scorer, loss, position_bias=tower, data={"schema": ok.to_dict()}).position_bias
 
 
 def _expected_log_loss(q: np.ndarray, p: np.ndarray) -> float:
