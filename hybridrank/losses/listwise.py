@@ -9,17 +9,14 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from hybridrank._dcg import discount, gains, ideal_dcg, position_discounts
 from hybridrank.losses._core import (
+    big,
     check_inputs,
-    discount,
-    gains,
     has_pair,
-    ideal_dcg,
-    neg_fill,
     prepare,
     reduce_lists,
     safe_div,
-    tie_keys,
 )
 
 __all__ = [
@@ -29,10 +26,6 @@ __all__ = [
     "approx_ndcg_loss",
     "neural_ndcg_loss",
 ]
-
-
-def _masked_log_softmax(s: Tensor, mask: Tensor) -> Tensor:
-    return torch.log_softmax(s.masked_fill(~mask, neg_fill(s.dtype)), dim=-1)
 
 
 def softmax_loss(
@@ -63,33 +56,48 @@ def softmax_loss(
     1.3863
     """
     check_inputs(logits, labels, mask, weights, reduction)
-    s, y, w = prepare(logits, labels, mask, weights)
-    t = w * y
-    per_list = safe_div(-(t * _masked_log_softmax(s, mask)).sum(dim=1), t.sum(dim=1))
-    valid = has_pair(y, mask) & (t.sum(dim=1) > 0)
+    s, y, w, m = prepare(logits, labels, mask, weights, neg=True)
+    t = y if weights is None else w * y
+    mass = t.sum(dim=1)
+    per_list = safe_div(-(t * torch.log_softmax(s, dim=1)).sum(dim=1), mass)
+    valid = has_pair(y, m) & (mass > 0)
     return reduce_lists(per_list, valid, reduction)
 
 
 def _plackett_luce_terms(
-    logits: Tensor, labels: Tensor, mask: Tensor, weights: Tensor | None, seed: int
-) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """Per-position ListMLE terms ``logsumexp(s_π[k:]) - s_π[k]`` in label order.
+    logits: Tensor, labels: Tensor, mask: Tensor, weights: Tensor | None, seed: int | None
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """Per-position ListMLE terms ``log Σ_{m >= k} exp(s_π(m)) - s_π(k)`` in label order.
 
-    Returns ``(terms, w_sorted, mask_sorted, y)``: ``[G, L]`` tensors in the order π that sorts
-    labels descending, label ties in a fixed-seed pseudo-random order, padding last.
+    π sorts labels descending with label ties in a uniformly random order: the columns are first
+    shuffled by one random permutation (``torch.randperm``, from the global generator, or from a
+    generator seeded with ``seed``), then sorted by label, so every order of a tied block is
+    equally likely whatever the storage order. Padding sorts last.
+
+    The tail sums use one shift per list (its largest real score) and a float64 cumulative sum,
+    exact as long as the real scores of a list span less than ~700 (float64's exp range) and
+    much faster than ``logcumsumexp``; beyond that span a tail lying entirely 700 below the
+    list's maximum is clamped, so values stay finite but overestimate.
+
+    Returns ``(terms, w_sorted, m_sorted, y, m)``, ``[G, L]`` tensors in the order π (``y``, ``m``
+    in storage order, for validity).
     """
-    s, y, w = prepare(logits, labels, mask, weights)
-    # Tie order first (a random permutation), then a stable sort by label keeps it within ties.
-    keys = tie_keys(tuple(y.shape), seed, y.device)
-    order = torch.argsort(keys, dim=1)
-    y_key = torch.where(mask, y, torch.full_like(y, float("-inf"))).gather(1, order)
-    by_label = torch.sort(y_key, dim=1, descending=True, stable=True).indices
-    perm = order.gather(1, by_label)
-    m_s = mask.gather(1, perm)
-    s_s = s.gather(1, perm).masked_fill(~m_s, neg_fill(s.dtype))
-    tail_lse = torch.logcumsumexp(s_s.flip(1), dim=1).flip(1)
-    terms = torch.where(m_s, tail_lse - s_s, torch.zeros_like(s_s))
-    return terms, w.gather(1, perm), m_s, y
+    s, y, w, m = prepare(logits, labels, mask, weights)
+    length = y.shape[1]
+    gen = None
+    if seed is not None:
+        gen = torch.Generator(device=y.device)
+        gen.manual_seed(seed)
+    perm = torch.randperm(length, generator=gen, device=y.device)
+    key = (y + (m - 1.0) * big(y.dtype)).index_select(1, perm)  # padding at -big: sorts last
+    idx = perm[torch.sort(key, dim=1, descending=True).indices]
+    s_s, w_s, m_s = s.gather(1, idx), w.gather(1, idx), m.gather(1, idx)
+    shift = (s_s + (m_s - 1.0) * big(s.dtype)).amax(dim=1, keepdim=True).detach()
+    rel = (s_s - shift) * m_s  # <= 0 on real slots, 0 on padding (even in an all-padding row)
+    tail = (torch.exp(rel.double()) * m_s).flip(1).cumsum(1).flip(1)  # Σ_{m >= k} exp(s_m - max)
+    tail = (tail + (1.0 - m_s)).clamp_min(torch.finfo(torch.float64).tiny)  # padding: log 1 = 0
+    terms = (torch.log(tail).to(s.dtype) - rel) * m_s
+    return terms, w_s, m_s, y, m
 
 
 def listmle_loss(
@@ -99,14 +107,17 @@ def listmle_loss(
     mask: Tensor,
     weights: Tensor | None = None,
     reduction: str = "mean",
-    seed: int = 0,
+    seed: int | None = None,
 ) -> Tensor:
     """ListMLE (Xia et al. 2008): negative Plackett–Luce log-likelihood of the label order.
 
     ``loss_g = Σ_k w_π(k) [log Σ_{m >= k} exp(s_π(m)) - s_π(k)]`` where π sorts labels descending.
-    Label ties are ordered by a fixed-seed pseudo-random hash of (row, slot), so the result is
-    deterministic, does not favour storage order systematically, and ignores extra padding; a
-    list with ties is therefore not exactly invariant to permuting its items. Per list a sum over
+    Label ties are put in a uniformly random order at every call (one random permutation of the
+    columns, then a sort by label, as allRank does; TF-Ranking and rax shuffle ties too), so the
+    expected gradient treats tied items alike whatever their storage order. ``seed`` fixes that
+    order for reproducible values; ``None`` (default) draws it from torch's global generator, so
+    ``torch.manual_seed`` / ``seed_everything`` make a run reproducible. A list with tied labels
+    is therefore invariant to permuting its items only in distribution. Per list a sum over
     positions (the log-likelihood), then a mean over lists with two different labels.
 
     Args:
@@ -115,7 +126,7 @@ def listmle_loss(
         mask: ``[G, L]`` bool, True on real impressions.
         weights: optional ``[G, L]`` impression weights (scale the term of each item).
         reduction: ``"mean"``, ``"sum"`` or ``"none"`` (``[G]``).
-        seed: seed of the tie order.
+        seed: seed of the tie order, or None for a fresh draw from the global generator.
 
     Returns:
         Scalar, or ``[G]`` for ``reduction="none"``.
@@ -125,8 +136,8 @@ def listmle_loss(
     0.6931
     """
     check_inputs(logits, labels, mask, weights, reduction)
-    terms, w_s, _, y = _plackett_luce_terms(logits, labels, mask, weights, seed)
-    return reduce_lists((w_s * terms).sum(dim=1), has_pair(y, mask), reduction)
+    terms, w_s, _, y, m = _plackett_luce_terms(logits, labels, mask, weights, seed)
+    return reduce_lists((w_s * terms).sum(dim=1), has_pair(y, m), reduction)
 
 
 def position_aware_listmle_loss(
@@ -136,7 +147,7 @@ def position_aware_listmle_loss(
     mask: Tensor,
     weights: Tensor | None = None,
     reduction: str = "mean",
-    seed: int = 0,
+    seed: int | None = None,
 ) -> Tensor:
     """Position-aware ListMLE (Lan et al. 2014): ListMLE terms weighted by position.
 
@@ -151,13 +162,12 @@ def position_aware_listmle_loss(
         Scalar, or ``[G]`` for ``reduction="none"``.
     """
     check_inputs(logits, labels, mask, weights, reduction)
-    terms, w_s, m_s, y = _plackett_luce_terms(logits, labels, mask, weights, seed)
-    n = mask.sum(dim=1, keepdim=True).to(terms.dtype)
+    terms, w_s, m_s, y, m = _plackett_luce_terms(logits, labels, mask, weights, seed)
+    n = m.sum(dim=1, keepdim=True)
     k = torch.arange(1, terms.shape[1] + 1, device=terms.device, dtype=terms.dtype).unsqueeze(0)
     a = torch.exp2(-k) * -torch.expm1((k - n - 1).clamp_max(0) * 0.6931471805599453)
-    a = safe_div(a, -torch.expm1(torch.log(n + 2.0) - (n + 1.0) * 0.6931471805599453))
-    a = torch.where(m_s, a, torch.zeros_like(a))
-    return reduce_lists((a * w_s * terms).sum(dim=1), has_pair(y, mask), reduction)
+    a = safe_div(a, -torch.expm1(torch.log(n + 2.0) - (n + 1.0) * 0.6931471805599453)) * m_s
+    return reduce_lists((a * w_s * terms).sum(dim=1), has_pair(y, m), reduction)
 
 
 def approx_ndcg_loss(
@@ -173,14 +183,17 @@ def approx_ndcg_loss(
     """ApproxNDCG (Qin et al. 2010): one minus NDCG with a smooth rank.
 
     ``π̂_i = 1 + Σ_{j != i} σ((s_j - s_i) / T)``,
-    ``loss_g = 1 - Σ_i w_i g_i / log2(1 + π̂_i) / IDCG_g``. Mean over lists with two different
-    labels (which implies a positive, so IDCG > 0).
+    ``loss_g = 1 - Σ_i w_i g_i / log2(1 + π̂_i) / IDCG_g`` where ``IDCG_g`` is the DCG of the
+    weighted gains ``w_i g_i`` in their ideal order, so constant weights change nothing and the
+    loss stays in about ``[0, 1]``. Mean over lists with two different labels (which implies a
+    positive, so IDCG > 0).
 
     Args:
         logits: ``[G, L]`` scores.
         labels: ``[G, L]`` graded labels.
         mask: ``[G, L]`` bool, True on real impressions.
-        weights: optional ``[G, L]`` impression weights (scale each item's gain in the DCG).
+        weights: optional ``[G, L]`` impression weights (scale each item's gain, in the DCG and
+            in the ideal DCG).
         reduction: ``"mean"``, ``"sum"`` or ``"none"`` (``[G]``).
         temperature: T of the sigmoid; smaller is closer to the true rank.
         gain: ``"exp"`` (``2^y - 1``) or ``"linear"``.
@@ -189,15 +202,13 @@ def approx_ndcg_loss(
         Scalar, or ``[G]`` for ``reduction="none"``.
     """
     check_inputs(logits, labels, mask, weights, reduction)
-    s, y, w = prepare(logits, labels, mask, weights)
-    g = gains(y, gain)
-    pair_real = mask.unsqueeze(1) & mask.unsqueeze(2)
-    pair_real = pair_real & ~torch.eye(s.shape[1], dtype=torch.bool, device=s.device)
+    s, y, w, m = prepare(logits, labels, mask, weights)
+    wg = gains(y, gain) if weights is None else w * gains(y, gain)
     soft = torch.sigmoid((s.unsqueeze(1) - s.unsqueeze(2)) / temperature)  # [g, i, j]: s_j - s_i
-    approx_rank = 1.0 + torch.where(pair_real, soft, torch.zeros_like(soft)).sum(dim=2)
-    dcg = (w * g * discount(approx_rank)).sum(dim=1)
-    per_list = 1.0 - safe_div(dcg, ideal_dcg(g, mask))
-    return reduce_lists(per_list, has_pair(y, mask), reduction)
+    # Σ_{j real, j != i} σ((s_j - s_i) / T): the j = i term is σ(0) = 1/2 exactly.
+    approx_rank = 0.5 + torch.bmm(soft, m.unsqueeze(2)).squeeze(2)
+    per_list = 1.0 - safe_div((wg * discount(approx_rank)).sum(dim=1), ideal_dcg(wg, None))
+    return reduce_lists(per_list, has_pair(y, m), reduction)
 
 
 def neural_ndcg_loss(
@@ -217,14 +228,15 @@ def neural_ndcg_loss(
     NeuralSort (Grover et al. 2019) gives the row-stochastic ``P̂[r, i] = softmax_i(((n + 1 - 2r)
     s_i - Σ_j |s_i - s_j|) / T)`` for rank r of the n real items; Sinkhorn scaling (a fixed number
     of alternating row/column normalisations) makes it close to doubly stochastic. Then
-    ``loss_g = 1 - Σ_{r <= k} (P̂ g)_r / log2(1 + r) / IDCG@k``. Mean over lists with two
-    different labels.
+    ``loss_g = 1 - Σ_{r <= k} (P̂ g)_r / log2(1 + r) / IDCG@k`` with weighted gains ``w_i g_i``
+    in both the DCG and the ideal DCG. Mean over lists with two different labels.
 
     Args:
         logits: ``[G, L]`` scores.
         labels: ``[G, L]`` graded labels.
         mask: ``[G, L]`` bool, True on real impressions.
-        weights: optional ``[G, L]`` impression weights (scale each item's gain).
+        weights: optional ``[G, L]`` impression weights (scale each item's gain, in the DCG and
+            in the ideal DCG).
         reduction: ``"mean"``, ``"sum"`` or ``"none"`` (``[G]``).
         temperature: T of NeuralSort.
         sinkhorn_iters: number of Sinkhorn normalisation rounds (no data-dependent stopping, so
@@ -236,18 +248,17 @@ def neural_ndcg_loss(
         Scalar, or ``[G]`` for ``reduction="none"``. Memory grows as ``G * L^2``.
     """
     check_inputs(logits, labels, mask, weights, reduction)
-    s, y, w = prepare(logits, labels, mask, weights)
+    s, y, w, m = prepare(logits, labels, mask, weights)
     length = s.shape[1]
-    n = mask.sum(dim=1, keepdim=True).to(s.dtype)  # [G, 1]
+    n = m.sum(dim=1, keepdim=True)  # [G, 1]
     r = torch.arange(1, length + 1, device=s.device, dtype=s.dtype)
-    real_r = r.unsqueeze(0) <= n  # [G, L] rank r exists in list g
-    abs_sum = (torch.where(mask.unsqueeze(1), (s.unsqueeze(2) - s.unsqueeze(1)).abs(),
-                           torch.zeros((), dtype=s.dtype))).sum(dim=2)  # [G, L]
+    real_r = (r.unsqueeze(0) <= n).to(s.dtype)  # [G, R]: rank r exists in list g
+    # Σ_j |s_i - s_j| over real j (padding logits are 0 and masked out by m_j)
+    abs_sum = torch.bmm((s.unsqueeze(2) - s.unsqueeze(1)).abs(), m.unsqueeze(2)).squeeze(2)
     scale = (n + 1.0 - 2.0 * r.unsqueeze(0)).unsqueeze(2)  # [G, R, 1]
     p_logits = (scale * s.unsqueeze(1) - abs_sum.unsqueeze(1)) / temperature  # [G, R, L]
-    p_logits = p_logits.masked_fill(~mask.unsqueeze(1), neg_fill(s.dtype))
-    square = real_r.unsqueeze(2) & mask.unsqueeze(1)
-    p = torch.where(square, torch.softmax(p_logits, dim=2), torch.zeros((), dtype=s.dtype))
+    p_logits = p_logits + ((m - 1.0) * big(s.dtype)).unsqueeze(1)  # padding items: ~ -inf
+    p = torch.softmax(p_logits, dim=2) * (real_r.unsqueeze(2) * m.unsqueeze(1))
     # p >= 0, so a zero sum means an all-zero (padding) row or column: dividing it by 1 instead
     # is exact, and keeps the backward finite through every round.
     for _ in range(sinkhorn_iters):
@@ -255,13 +266,10 @@ def neural_ndcg_loss(
         p = p / col.masked_fill(col == 0, 1.0)  # columns (items)
         row = p.sum(dim=2, keepdim=True)
         p = p / row.masked_fill(row == 0, 1.0)  # rows (ranks)
-    g = gains(y, gain)
-    soft_gain = (p * (w * g).unsqueeze(1)).sum(dim=2)  # [G, R]
-    disc = discount(r).unsqueeze(0)
-    if k is not None:
-        disc = torch.where(r.unsqueeze(0) <= k, disc, torch.zeros_like(disc))
+    wg = gains(y, gain) if weights is None else w * gains(y, gain)
+    soft_gain = torch.bmm(p, wg.unsqueeze(2)).squeeze(2)  # [G, R]
+    disc = position_discounts(length, None if k is None else (k,), dtype=s.dtype, device=s.device)
+    disc = disc.reshape(1, length)
     dcg = (soft_gain * disc).sum(dim=1)
-    top = torch.sort(torch.where(mask, g, torch.zeros_like(g)), dim=1, descending=True).values
-    idcg = (top * disc).sum(dim=1)
-    per_list = 1.0 - safe_div(dcg, idcg)
-    return reduce_lists(per_list, has_pair(y, mask), reduction)
+    per_list = 1.0 - safe_div(dcg, ideal_dcg(wg, None, disc[0]))
+    return reduce_lists(per_list, has_pair(y, m), reduction)
