@@ -93,18 +93,45 @@ def mask_float(mask: Tensor, dtype: torch.dtype) -> Tensor:
 _INT_OF = {torch.float32: torch.int32, torch.float64: torch.int64}
 
 
-def select_bits(x: Tensor, mask: Tensor, fill: float = 0.0) -> Tensor:
+def bit_masks(mask: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+    """``(keep, drop)``: integer masks of ``dtype``'s width, all bits set on real / padding slots.
+
+    Compute once and pass to several :func:`select_bits` calls on one mask.
+    """
+    keep = -mask.view(torch.uint8).to(_INT_OF[dtype])
+    return keep, ~keep
+
+
+def select_bits(x: Tensor, mask: Tensor, fill: float = 0.0,
+                masks: tuple[Tensor, Tensor] | None = None) -> Tensor:
     """``torch.where(mask, x, fill)`` without autograd, by selecting bit patterns.
 
     Exactly ``where``'s result (NaN on a real slot stays NaN, anything on padding becomes
-    ``fill``), at the cost of three integer kernels instead of one slow ``bool`` kernel.
+    ``fill``), at the cost of one or two integer kernels instead of one slow ``bool`` kernel.
+    ``masks`` is :func:`bit_masks` of ``mask`` when already at hand.
     """
     itype = _INT_OF.get(x.dtype)
     if itype is None:
         return torch.where(mask, x, torch.full((), fill, dtype=x.dtype, device=x.device))
-    keep = -mask.view(torch.uint8).to(itype)  # all bits set on real slots
-    fill_bits = torch.full((), fill, dtype=x.dtype, device=x.device).view(itype)
-    return ((x.contiguous().view(itype) & keep) | (fill_bits & ~keep)).view(x.dtype)
+    keep, drop = bit_masks(mask, x.dtype) if masks is None else masks
+    out = x.contiguous().view(itype) & keep
+    if fill != 0.0:
+        out |= drop & torch.full((), fill, dtype=x.dtype, device=x.device).view(itype)
+    return out.view(x.dtype)
+
+
+def label_keys(labels: Tensor, mask: Tensor) -> Tensor:
+    """Integer keys that sort like the float labels, padding below every real label.
+
+    The IEEE bit pattern of a float, read as a signed integer, orders non-negative floats
+    correctly; flipping all but the sign bit of negative ones orders those too. Integer sorts are
+    ~20 % faster than float sorts on CPU. ``labels`` float32 or float64, no NaN on real slots.
+    """
+    itype = _INT_OF[labels.dtype]
+    bits = (labels + 0.0).contiguous().view(itype)  # + 0.0 turns -0.0 into +0.0
+    bits = bits ^ ((bits >> (torch.iinfo(itype).bits - 1)) & torch.iinfo(itype).max)
+    keep = -mask.view(torch.uint8).to(itype)
+    return (bits & keep) | (torch.iinfo(itype).min & ~keep)
 
 
 class _Select(torch.autograd.Function):
@@ -176,23 +203,24 @@ def reduce_lists(
     """Apply the contract: invalid lists give exactly 0; mean is over valid lists (or ``denom``).
 
     Args:
-        per_list: ``[G]`` loss of each list (anything finite where ``valid`` is False).
+        per_list: ``[G]`` loss of each list (anything *finite* where ``valid`` is False).
         valid: ``[G]`` bool, True where the list has something to learn.
         reduction: ``"mean"`` (sum / number of valid lists, or / ``denom``), ``"sum"``, ``"none"``.
-        denom: optional scalar denominator for ``"mean"`` (BCE uses the impression count).
+        denom: optional scalar denominator for ``"mean"`` (BCE uses the impression weight); when
+            it is 0 every list is invalid or weightless, and the mean is 0.
 
     Returns:
         ``[G]`` for ``"none"``, else a scalar; 0 when nothing is valid.
     """
-    per_list = torch.where(valid, per_list, torch.zeros_like(per_list))
+    per_list = per_list * valid  # finite values: exactly 0 (and zero gradient) where invalid
     if reduction == "none":
         return per_list
     total = per_list.sum()
     if reduction == "sum":
         return total
     if denom is None:
-        denom = valid.sum().to(per_list.dtype)
-    return safe_div(total, denom)
+        return total / valid.sum().clamp_min(1)
+    return total / denom.clamp_min(torch.finfo(total.dtype).tiny)
 
 
 def has_pair(y: Tensor, m: Tensor) -> Tensor:

@@ -12,11 +12,15 @@ from torch import Tensor
 from hybridrank._dcg import discount, gains, ideal_dcg, position_discounts
 from hybridrank.losses._core import (
     big,
+    bit_masks,
     check_inputs,
     has_pair,
+    label_keys,
+    neg_fill,
     prepare,
     reduce_lists,
     safe_div,
+    select_bits,
 )
 
 __all__ = [
@@ -56,48 +60,131 @@ def softmax_loss(
     1.3863
     """
     check_inputs(logits, labels, mask, weights, reduction)
-    s, y, w, m = prepare(logits, labels, mask, weights, neg=True)
-    t = y if weights is None else w * y
-    mass = t.sum(dim=1)
-    per_list = safe_div(-(t * torch.log_softmax(s, dim=1)).sum(dim=1), mass)
-    valid = has_pair(y, m) & (mass > 0)
+    per_list, valid = _SoftmaxCE.apply(logits, labels, mask, weights)
     return reduce_lists(per_list, valid, reduction)
 
 
-def _plackett_luce_terms(
-    logits: Tensor, labels: Tensor, mask: Tensor, weights: Tensor | None, seed: int | None
-) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
-    """Per-position ListMLE terms ``log Σ_{m >= k} exp(s_π(m)) - s_π(k)`` in label order.
+class _SoftmaxCE(torch.autograd.Function):
+    """Per-list softmax CE ``-Σ t_i log softmax(s)_i / Σ t`` and the ``[G]`` validity flags.
 
-    π sorts labels descending with label ties in a uniformly random order: the columns are first
-    shuffled by one random permutation (``torch.randperm``, from the global generator, or from a
-    generator seeded with ``seed``), then sorted by label, so every order of a tied block is
-    equally likely whatever the storage order. Padding sorts last.
-
-    The tail sums use one shift per list (its largest real score) and a float64 cumulative sum,
-    exact as long as the real scores of a list span less than ~700 (float64's exp range) and
-    much faster than ``logcumsumexp``; beyond that span a tail lying entirely 700 below the
-    list's maximum is clamped, so values stay finite but overestimate.
-
-    Returns ``(terms, w_sorted, m_sorted, y, m)``, ``[G, L]`` tensors in the order π (``y``, ``m``
-    in storage order, for validity).
+    One fused function with the analytic backward ``∂/∂s_i = (softmax(s)_i - t_i / Σ t) g``:
+    a few kernels instead of autograd's chain through the masking, ``log_softmax``, the product
+    and the sums (the loss is tiny per element, so fixed per-kernel costs dominate on CPU).
+    Padding gets ``neg_fill`` logits (softmax weight 0) and target 0, hence exactly zero gradient.
+    Weights receive no gradient.
     """
-    s, y, w, m = prepare(logits, labels, mask, weights)
-    length = y.shape[1]
+
+    @staticmethod
+    def forward(ctx, logits, labels, mask, weights):
+        dtype = torch.promote_types(logits.dtype, torch.float32)
+        bits = bit_masks(mask, dtype)
+        s = select_bits(logits.to(dtype), mask, neg_fill(dtype), bits)
+        y = select_bits(labels.to(dtype), mask, 0.0, bits)
+        t = y if weights is None else select_bits(weights.to(dtype), mask, 0.0, bits) * y
+        mass = t.sum(dim=1)
+        safe_mass = mass + (mass <= 0).to(dtype)  # 1 where a list has no target mass
+        per_list = (t * torch.log_softmax(s, dim=1)).sum(dim=1).div_(safe_mass).neg_()
+        # two different real labels: some real label below the largest one
+        m = mask.view(torch.uint8).to(dtype)
+        hi = (y + (m - 1.0) * big(dtype)).amax(dim=1, keepdim=True)
+        valid = (((hi - y) * m).sum(dim=1) > 0) & (mass > 0)
+        ctx.save_for_backward(s, t, mass, safe_mass)
+        ctx.in_dtype = logits.dtype
+        ctx.mark_non_differentiable(valid)
+        return per_list, valid
+
+    @staticmethod
+    def backward(ctx, grad, _):
+        s, t, mass, safe_mass = ctx.saved_tensors
+        scale = (grad / safe_mass).unsqueeze(1)
+        # softmax(s), not exp(log_softmax(s)): exp of the huge negative padding fill is slow
+        ds = torch.softmax(s, dim=1).mul_(mass.unsqueeze(1) * scale).sub_(t * scale)
+        return ds.to(ctx.in_dtype), None, None, None
+
+
+class _ListMLE(torch.autograd.Function):
+    """Per-list (position-aware) ListMLE and the ``[G]`` has-two-labels flags, in one function.
+
+    Forward, for each list: shuffle the columns by ``perm`` and sort by label *ascending*
+    (padding first, as integer keys that order like the labels). In ascending order the items
+    ranked after position k of the label order (its Plackett–Luce tail) are the prefix
+    ``m <= k``, so all tail sums are one cumulative sum of ``e = exp(s - shift)``, in float64
+    with one shift for the batch (its largest real score): exact while the real scores of a batch
+    span less than ~700 (float64's exp range) and many times faster than ``logcumsumexp``; beyond
+    that span a tail lying entirely 700 below the maximum is clamped (finite, overestimated).
+    ``loss_g = Σ_k c_k [log T_k + shift - s_k]`` with ``T`` the prefix sums and ``c`` the
+    weight of each position's term.
+
+    Backward (analytic): ``∂/∂s_m = e_m Σ_{k >= m} c_k / T_k - c_m``, then the gradient is sent
+    back through the sort and the column shuffle. Weights receive no gradient.
+    """
+
+    @staticmethod
+    def forward(ctx, logits, labels, mask, weights, perm, position_aware: bool):
+        dtype = torch.promote_types(logits.dtype, torch.float32)
+        length = labels.shape[1]
+        shuffle = perm.expand(labels.shape[0], length)
+        keys, order = torch.sort(label_keys(labels.to(dtype), mask).gather(1, shuffle), dim=1)
+        idx = shuffle.gather(1, order)  # sorted slot k holds storage slot idx[g, k]
+        n = mask.sum(dim=1)
+        first_real = length - n  # ascending: padding fills slots [0, L - n)
+        keep = torch.arange(length, device=labels.device) >= first_real.unsqueeze(1)
+        m_s = keep.view(torch.uint8).to(dtype)
+        # the largest real label sits last, the smallest at L - n
+        low = keys.gather(1, first_real.clamp(max=max(length - 1, 0)).unsqueeze(1)).squeeze(1)
+        valid = keys[:, -1] > low if length else n > 0
+        c = m_s
+        if weights is not None:
+            c = select_bits(weights.to(dtype).gather(1, idx), keep)
+        if position_aware:
+            # descending position k = L - i of ascending slot i; a_k ∝ 2^(n - k + 1) - 1, sum 1
+            i = torch.arange(length, device=labels.device, dtype=dtype)
+            k = (length - i).unsqueeze(0)
+            nn = n.to(dtype).unsqueeze(1)
+            a = torch.exp2(-k) * -torch.expm1((k - nn - 1).clamp_max(0) * 0.6931471805599453)
+            a = safe_div(a, -torch.expm1(torch.log(nn + 2.0) - (nn + 1.0) * 0.6931471805599453))
+            c = c * a * m_s
+        s = select_bits(logits.to(dtype).gather(1, idx), keep)
+        shift = (s + (m_s - 1.0) * big(dtype)).max() if s.numel() else s.new_zeros(())
+        rel = ((s - shift) * m_s).double()  # <= 0 on real slots, 0 on padding
+        md = m_s.double()
+        e = torch.exp(rel) * md
+        tail = e.cumsum(dim=1)
+        tiny = torch.finfo(torch.float64).tiny
+        log_tail = torch.log((tail + (1.0 - md)).clamp_min_(tiny))
+        cd = c.double()
+        ctx.save_for_backward(e, tail, cd, idx)
+        ctx.in_dtype = logits.dtype
+        ctx.mark_non_differentiable(valid)
+        return (cd * (log_tail - rel)).sum(dim=1).to(dtype), valid
+
+    @staticmethod
+    def backward(ctx, grad, _):
+        e, tail, cd, idx = ctx.saved_tensors
+        ratio = cd / tail.clamp_min(torch.finfo(torch.float64).tiny)  # padding: c = 0
+        after = ratio.sum(dim=1, keepdim=True) - ratio.cumsum(dim=1) + ratio  # Σ_{k >= m}
+        ds = ((e * after - cd) * grad.double().unsqueeze(1)).to(ctx.in_dtype)
+        # undo the shuffle and the sort: sorted slot k came from storage slot idx[g, k]
+        return torch.empty_like(ds).scatter_(1, idx, ds), None, None, None, None, None
+
+
+def _plackett_luce(
+    logits: Tensor, labels: Tensor, mask: Tensor, weights: Tensor | None, seed: int | None,
+    position_aware: bool,
+) -> tuple[Tensor, Tensor]:
+    """Per-list (position-aware) ListMLE values and the ``[G]`` has-two-labels flags.
+
+    The permutation π sorts labels descending, label ties in a uniformly random order: the
+    columns are first shuffled by one random permutation (``torch.randperm``, from the global
+    generator, or from a generator seeded with ``seed``), then sorted by label, so every order of
+    a tied block is equally likely whatever the storage order (:class:`_ListMLE`).
+    """
     gen = None
     if seed is not None:
-        gen = torch.Generator(device=y.device)
+        gen = torch.Generator(device=labels.device)
         gen.manual_seed(seed)
-    perm = torch.randperm(length, generator=gen, device=y.device)
-    key = (y + (m - 1.0) * big(y.dtype)).index_select(1, perm)  # padding at -big: sorts last
-    idx = perm[torch.sort(key, dim=1, descending=True).indices]
-    s_s, w_s, m_s = s.gather(1, idx), w.gather(1, idx), m.gather(1, idx)
-    shift = (s_s + (m_s - 1.0) * big(s.dtype)).amax(dim=1, keepdim=True).detach()
-    rel = (s_s - shift) * m_s  # <= 0 on real slots, 0 on padding (even in an all-padding row)
-    tail = (torch.exp(rel.double()) * m_s).flip(1).cumsum(1).flip(1)  # Σ_{m >= k} exp(s_m - max)
-    tail = (tail + (1.0 - m_s)).clamp_min(torch.finfo(torch.float64).tiny)  # padding: log 1 = 0
-    terms = (torch.log(tail).to(s.dtype) - rel) * m_s
-    return terms, w_s, m_s, y, m
+    perm = torch.randperm(labels.shape[1], generator=gen, device=labels.device)
+    return _ListMLE.apply(logits, labels, mask, weights, perm, position_aware)
 
 
 def listmle_loss(
@@ -136,8 +223,8 @@ def listmle_loss(
     0.6931
     """
     check_inputs(logits, labels, mask, weights, reduction)
-    terms, w_s, _, y, m = _plackett_luce_terms(logits, labels, mask, weights, seed)
-    return reduce_lists((w_s * terms).sum(dim=1), has_pair(y, m), reduction)
+    per_list, valid = _plackett_luce(logits, labels, mask, weights, seed, position_aware=False)
+    return reduce_lists(per_list, valid, reduction)
 
 
 def position_aware_listmle_loss(
@@ -162,12 +249,8 @@ def position_aware_listmle_loss(
         Scalar, or ``[G]`` for ``reduction="none"``.
     """
     check_inputs(logits, labels, mask, weights, reduction)
-    terms, w_s, m_s, y, m = _plackett_luce_terms(logits, labels, mask, weights, seed)
-    n = m.sum(dim=1, keepdim=True)
-    k = torch.arange(1, terms.shape[1] + 1, device=terms.device, dtype=terms.dtype).unsqueeze(0)
-    a = torch.exp2(-k) * -torch.expm1((k - n - 1).clamp_max(0) * 0.6931471805599453)
-    a = safe_div(a, -torch.expm1(torch.log(n + 2.0) - (n + 1.0) * 0.6931471805599453)) * m_s
-    return reduce_lists((a * w_s * terms).sum(dim=1), has_pair(y, m), reduction)
+    per_list, valid = _plackett_luce(logits, labels, mask, weights, seed, position_aware=True)
+    return reduce_lists(per_list, valid, reduction)
 
 
 def approx_ndcg_loss(
