@@ -11,6 +11,8 @@ the hot paths mask with 0/1 floats (:func:`mask_float`) and :func:`select`.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 from torch import Tensor
 
@@ -90,7 +92,14 @@ def mask_float(mask: Tensor, dtype: torch.dtype) -> Tensor:
     return mask.view(torch.uint8).to(dtype)
 
 
-_INT_OF = {torch.float32: torch.int32, torch.float64: torch.int64}
+INT_OF = {torch.float32: torch.int32, torch.float64: torch.int64}
+"""The integer type of each float type's width, for bit-level selection."""
+
+
+@functools.lru_cache(maxsize=64)
+def float_bits(value: float, dtype: torch.dtype) -> int:
+    """The bit pattern of ``value`` in ``dtype`` as a Python int (a scalar for bitwise ops)."""
+    return int(torch.tensor(value, dtype=dtype).view(INT_OF[dtype]))
 
 
 def bit_masks(mask: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
@@ -98,7 +107,7 @@ def bit_masks(mask: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
 
     Compute once and pass to several :func:`select_bits` calls on one mask.
     """
-    keep = -mask.view(torch.uint8).to(_INT_OF[dtype])
+    keep = -mask.view(torch.uint8).to(INT_OF[dtype])
     return keep, ~keep
 
 
@@ -110,7 +119,7 @@ def select_bits(x: Tensor, mask: Tensor, fill: float = 0.0,
     ``fill``), at the cost of one or two integer kernels instead of one slow ``bool`` kernel.
     ``masks`` is :func:`bit_masks` of ``mask`` when already at hand.
     """
-    itype = _INT_OF.get(x.dtype)
+    itype = INT_OF.get(x.dtype)
     if itype is None:
         return torch.where(mask, x, torch.full((), fill, dtype=x.dtype, device=x.device))
     keep, drop = bit_masks(mask, x.dtype) if masks is None else masks
@@ -127,7 +136,7 @@ def label_keys(labels: Tensor, mask: Tensor) -> Tensor:
     correctly; flipping all but the sign bit of negative ones orders those too. Integer sorts are
     ~20 % faster than float sorts on CPU. ``labels`` float32 or float64, no NaN on real slots.
     """
-    itype = _INT_OF[labels.dtype]
+    itype = INT_OF[labels.dtype]
     bits = (labels + 0.0).contiguous().view(itype)  # + 0.0 turns -0.0 into +0.0
     bits = bits ^ ((bits >> (torch.iinfo(itype).bits - 1)) & torch.iinfo(itype).max)
     keep = -mask.view(torch.uint8).to(itype)

@@ -54,10 +54,12 @@ def calibrated_softmax_loss(
       as the BCE it is mixed with in ``HybridLoss``, whose exported pCTR is ``σ(s)``. ``u`` is
       increasing in ``s``, so the order of a list is unchanged. Labels above ``y_0`` cannot be
       reached (``σ < 1``): use click labels (or labels scaled into ``[0, y_0]``) for calibration.
+      On the known-truth calibration test the 0.5 BCE + 0.5 mix lands at PCOC ~1.00 and ECE
+      against the true p ~0.001, as close as BCE alone.
     - ``"exp"``: ``u_i = s_i``, the formulation of Yan et al. and TF-Ranking's
       ``CalibratedSoftmaxLoss`` (whose ``virtual_label`` is ``y_0``): the optimum is
       ``exp(s_i) = E[y_i] / y_0``, so ``σ(s)`` is *not* the calibrated probability (``σ(log p)
-      = p / (1 + p)``: PCOC ~0.8 at a 5 % click rate on the calibration test).
+      = p / (1 + p)``): PCOC ~0.8 alone and ~0.85 in the 0.5 / 0.5 mix at a 5 % click rate.
 
     Choices: the per-list value is *not* divided by the realised label mass ``y_0 + Σ y``: that
     mass is larger exactly when ``y_i = 1``, which biases the optimum to about ``p_i / 2`` for

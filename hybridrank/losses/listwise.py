@@ -6,14 +6,18 @@ the mean only when it has something to order: two real impressions with differen
 
 from __future__ import annotations
 
+import functools
+import math
+
 import torch
 from torch import Tensor
 
 from hybridrank._dcg import discount, gains, ideal_dcg, position_discounts
 from hybridrank.losses._core import (
+    INT_OF,
     big,
-    bit_masks,
     check_inputs,
+    float_bits,
     has_pair,
     label_keys,
     neg_fill,
@@ -77,17 +81,21 @@ class _SoftmaxCE(torch.autograd.Function):
     @staticmethod
     def forward(ctx, logits, labels, mask, weights):
         dtype = torch.promote_types(logits.dtype, torch.float32)
-        bits = bit_masks(mask, dtype)
-        s = select_bits(logits.to(dtype), mask, neg_fill(dtype), bits)
-        y = select_bits(labels.to(dtype), mask, 0.0, bits)
-        t = y if weights is None else select_bits(weights.to(dtype), mask, 0.0, bits) * y
+        itype = INT_OF[dtype]
+        keep = mask.view(torch.uint8).to(itype).neg_()  # all bits set on real slots
+        drop = ~keep
+        s = (logits.to(dtype).view(itype) & keep).bitwise_or_(drop & float_bits(neg_fill(dtype),
+                                                                                dtype))
+        y_bits = labels.to(dtype).view(itype) & keep
+        s, y = s.view(dtype), y_bits.view(dtype)
+        t = y if weights is None else (weights.to(dtype).view(itype) & keep).view(dtype) * y
         mass = t.sum(dim=1)
-        safe_mass = mass + (mass <= 0).to(dtype)  # 1 where a list has no target mass
+        safe_mass = mass + (mass <= 0)  # 1 where a list has no target mass
         per_list = (t * torch.log_softmax(s, dim=1)).sum(dim=1).div_(safe_mass).neg_()
         # two different real labels: some real label below the largest one
-        m = mask.view(torch.uint8).to(dtype)
-        hi = (y + (m - 1.0) * big(dtype)).amax(dim=1, keepdim=True)
-        valid = (((hi - y) * m).sum(dim=1) > 0) & (mass > 0)
+        hi = (y_bits | (drop & float_bits(-big(dtype), dtype))).view(dtype).amax(1, keepdim=True)
+        spread = ((hi - y) * mask.view(torch.uint8)).sum(dim=1)
+        valid = (spread > 0) & (mass > 0)
         ctx.save_for_backward(s, t, mass, safe_mass)
         ctx.in_dtype = logits.dtype
         ctx.mark_non_differentiable(valid)
@@ -98,8 +106,37 @@ class _SoftmaxCE(torch.autograd.Function):
         s, t, mass, safe_mass = ctx.saved_tensors
         scale = (grad / safe_mass).unsqueeze(1)
         # softmax(s), not exp(log_softmax(s)): exp of the huge negative padding fill is slow
-        ds = torch.softmax(s, dim=1).mul_(mass.unsqueeze(1) * scale).sub_(t * scale)
+        ds = torch.addcmul(torch.softmax(s, dim=1) * (mass.unsqueeze(1) * scale), t, scale,
+                           value=-1.0)
         return ds.to(ctx.in_dtype), None, None, None
+
+
+def _pa_formula(n: Tensor, length: int, dtype: torch.dtype) -> Tensor:
+    """Position-aware weights of the ascending slots ``0..L-1`` for each list length in ``n``."""
+    k = (length - torch.arange(length, device=n.device, dtype=dtype)).unsqueeze(0)
+    nn = n.to(dtype).unsqueeze(1)
+    a = torch.exp2(-k) * -torch.expm1((k - nn - 1).clamp_max(0) * 0.6931471805599453)
+    a = safe_div(a, -torch.expm1(torch.log(nn + 2.0) - (nn + 1.0) * 0.6931471805599453))
+    return a * (k <= nn)
+
+
+@functools.lru_cache(maxsize=16)
+def _pa_table(length: int, dtype: torch.dtype, device: torch.device) -> Tensor:
+    """``[L + 1, L]``: the weights for every list length 0..L (cached per shape)."""
+    return _pa_formula(torch.arange(length + 1, device=device), length, dtype)
+
+
+def _pa_weights(n: Tensor, length: int, dtype: torch.dtype) -> Tensor:
+    """``[G, L]`` position-aware ListMLE weights of the ascending slots of lists of ``n`` items.
+
+    Descending position ``k = L - i`` of ascending slot ``i`` weighs ``2^(n - k + 1) - 1``,
+    normalised to sum to 1 over the list: ``a_k = 2^-k (1 - 2^-(n-k+1)) / (1 - (n + 2) 2^-(n+1))``
+    (the same ratio, written so it never overflows). Padding slots (``k > n``) get 0. Looked up in
+    a cached ``[L + 1, L]`` table for lists up to 1024 long.
+    """
+    if length > 1024:
+        return _pa_formula(n, length, dtype)
+    return _pa_table(length, dtype, n.device).index_select(0, n)
 
 
 class _ListMLE(torch.autograd.Function):
@@ -108,12 +145,13 @@ class _ListMLE(torch.autograd.Function):
     Forward, for each list: shuffle the columns by ``perm`` and sort by label *ascending*
     (padding first, as integer keys that order like the labels). In ascending order the items
     ranked after position k of the label order (its Plackett–Luce tail) are the prefix
-    ``m <= k``, so all tail sums are one cumulative sum of ``e = exp(s - shift)``, in float64
-    with one shift for the batch (its largest real score): exact while the real scores of a batch
-    span less than ~700 (float64's exp range) and many times faster than ``logcumsumexp``; beyond
-    that span a tail lying entirely 700 below the maximum is clamped (finite, overestimated).
-    ``loss_g = Σ_k c_k [log T_k + shift - s_k]`` with ``T`` the prefix sums and ``c`` the
-    weight of each position's term.
+    ``m <= k``, so all tail sums are one cumulative sum of ``e = exp(s - shift)``, many times
+    faster than ``logcumsumexp``. The shift is the list's largest real score minus a margin that
+    keeps ``L e^margin`` finite (~80 in float32), so no sum overflows and every tail within ~160
+    (float32; ~1400 for float64 logits) of the list's best score is exact; a tail lying entirely
+    further below is clamped (finite, overestimated), where TF-Ranking and allRank lose tails
+    beyond ~87. ``loss_g = Σ_k c_k [log T_k - (s_k - shift)]`` with ``T`` the prefix sums and
+    ``c`` the weight of each position's term.
 
     Backward (analytic): ``∂/∂s_m = e_m Σ_{k >= m} c_k / T_k - c_m``, then the gradient is sent
     back through the sort and the column shuffle. Weights receive no gradient.
@@ -137,33 +175,27 @@ class _ListMLE(torch.autograd.Function):
         if weights is not None:
             c = select_bits(weights.to(dtype).gather(1, idx), keep)
         if position_aware:
-            # descending position k = L - i of ascending slot i; a_k ∝ 2^(n - k + 1) - 1, sum 1
-            i = torch.arange(length, device=labels.device, dtype=dtype)
-            k = (length - i).unsqueeze(0)
-            nn = n.to(dtype).unsqueeze(1)
-            a = torch.exp2(-k) * -torch.expm1((k - nn - 1).clamp_max(0) * 0.6931471805599453)
-            a = safe_div(a, -torch.expm1(torch.log(nn + 2.0) - (nn + 1.0) * 0.6931471805599453))
-            c = c * a * m_s
+            c = c * _pa_weights(n, length, dtype)
         s = select_bits(logits.to(dtype).gather(1, idx), keep)
-        shift = (s + (m_s - 1.0) * big(dtype)).max() if s.numel() else s.new_zeros(())
-        rel = ((s - shift) * m_s).double()  # <= 0 on real slots, 0 on padding
-        md = m_s.double()
-        e = torch.exp(rel) * md
+        fin = torch.finfo(dtype)
+        margin = min(80.0, math.log(fin.max) - math.log(max(length, 1)) - 1.0) if dtype == \
+            torch.float32 else min(700.0, math.log(fin.max) - math.log(max(length, 1)) - 1.0)
+        shift = (s + (m_s - 1.0) * big(dtype)).amax(dim=1, keepdim=True) - margin
+        rel = (s - shift) * m_s  # <= margin on real slots, 0 on padding
+        e = torch.exp(rel) * m_s
         tail = e.cumsum(dim=1)
-        tiny = torch.finfo(torch.float64).tiny
-        log_tail = torch.log((tail + (1.0 - md)).clamp_min_(tiny))
-        cd = c.double()
-        ctx.save_for_backward(e, tail, cd, idx)
+        log_tail = torch.log((tail + (1.0 - m_s)).clamp_min_(fin.tiny))  # padding: log 1 = 0
+        ctx.save_for_backward(e, tail, c, idx)
         ctx.in_dtype = logits.dtype
         ctx.mark_non_differentiable(valid)
-        return (cd * (log_tail - rel)).sum(dim=1).to(dtype), valid
+        return (c * (log_tail - rel)).sum(dim=1), valid
 
     @staticmethod
     def backward(ctx, grad, _):
-        e, tail, cd, idx = ctx.saved_tensors
-        ratio = cd / tail.clamp_min(torch.finfo(torch.float64).tiny)  # padding: c = 0
+        e, tail, c, idx = ctx.saved_tensors
+        ratio = c / tail.clamp_min(torch.finfo(tail.dtype).tiny)  # padding: c = 0
         after = ratio.sum(dim=1, keepdim=True) - ratio.cumsum(dim=1) + ratio  # Σ_{k >= m}
-        ds = ((e * after - cd) * grad.double().unsqueeze(1)).to(ctx.in_dtype)
+        ds = ((e * after - c) * grad.unsqueeze(1)).to(ctx.in_dtype)
         # undo the shuffle and the sort: sorted slot k came from storage slot idx[g, k]
         return torch.empty_like(ds).scatter_(1, idx, ds), None, None, None, None, None
 
