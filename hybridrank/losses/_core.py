@@ -129,18 +129,19 @@ def select_bits(x: Tensor, mask: Tensor, fill: float = 0.0,
     return out.view(x.dtype)
 
 
-def label_keys(labels: Tensor, mask: Tensor) -> Tensor:
+def label_keys(labels: Tensor, mask: Tensor, masks: tuple[Tensor, Tensor] | None = None) -> Tensor:
     """Integer keys that sort like the float labels, padding below every real label.
 
     The IEEE bit pattern of a float, read as a signed integer, orders non-negative floats
     correctly; flipping all but the sign bit of negative ones orders those too. Integer sorts are
-    ~20 % faster than float sorts on CPU. ``labels`` float32 or float64, no NaN on real slots.
+    ~20 % faster than float sorts on CPU. ``labels`` float32 or float64, no NaN on real slots;
+    ``masks`` is :func:`bit_masks` of ``mask`` when already at hand.
     """
     itype = INT_OF[labels.dtype]
-    bits = (labels + 0.0).contiguous().view(itype)  # + 0.0 turns -0.0 into +0.0
+    keep, drop = bit_masks(mask, labels.dtype) if masks is None else masks
+    bits = (labels + 0.0).view(itype)  # + 0.0 turns -0.0 into +0.0
     bits = bits ^ ((bits >> (torch.iinfo(itype).bits - 1)) & torch.iinfo(itype).max)
-    keep = -mask.view(torch.uint8).to(itype)
-    return (bits & keep) | (torch.iinfo(itype).min & ~keep)
+    return (bits & keep).bitwise_or_(drop & torch.iinfo(itype).min)
 
 
 class _Select(torch.autograd.Function):

@@ -16,6 +16,7 @@ from hybridrank._dcg import discount, gains, ideal_dcg, position_discounts
 from hybridrank.losses._core import (
     INT_OF,
     big,
+    bit_masks,
     check_inputs,
     float_bits,
     has_pair,
@@ -146,12 +147,14 @@ class _ListMLE(torch.autograd.Function):
     (padding first, as integer keys that order like the labels). In ascending order the items
     ranked after position k of the label order (its Plackett–Luce tail) are the prefix
     ``m <= k``, so all tail sums are one cumulative sum of ``e = exp(s - shift)``, many times
-    faster than ``logcumsumexp``. The shift is the list's largest real score minus a margin that
-    keeps ``L e^margin`` finite (~80 in float32), so no sum overflows and every tail within ~160
-    (float32; ~1400 for float64 logits) of the list's best score is exact; a tail lying entirely
-    further below is clamped (finite, overestimated), where TF-Ranking and allRank lose tails
-    beyond ~87. ``loss_g = Σ_k c_k [log T_k - (s_k - shift)]`` with ``T`` the prefix sums and
-    ``c`` the weight of each position's term.
+    faster than ``logcumsumexp``. The origin sits ~80 below the list's best score (``L e^80``
+    stays finite in float32), so every tail within ~180 of the list's best score is exact (~1400
+    for float64 logits), twice the range of TF-Ranking's and allRank's single shift. A tail lying
+    entirely further below underflows; its term then uses the tail's largest score instead
+    (``max_{m <= k} s_m - s_k + log L + 1``, within ``log L + 1`` of the exact value, with the
+    gradient of that max), so values stay close and gradients point the right way at any scale.
+    ``loss_g = Σ_k c_k [log T_k - (s_k - shift)]`` with ``T`` the prefix sums and ``c`` the
+    weight of each position's term.
 
     Backward (analytic): ``∂/∂s_m = e_m Σ_{k >= m} c_k / T_k - c_m``, then the gradient is sent
     back through the sort and the column shuffle. Weights receive no gradient.
@@ -161,43 +164,67 @@ class _ListMLE(torch.autograd.Function):
     def forward(ctx, logits, labels, mask, weights, perm, position_aware: bool):
         dtype = torch.promote_types(logits.dtype, torch.float32)
         length = labels.shape[1]
+        bits = bit_masks(mask, dtype)
         shuffle = perm.expand(labels.shape[0], length)
-        keys, order = torch.sort(label_keys(labels.to(dtype), mask).gather(1, shuffle), dim=1)
+        keys, order = torch.sort(label_keys(labels.to(dtype), mask, bits).gather(1, shuffle), dim=1)
         idx = shuffle.gather(1, order)  # sorted slot k holds storage slot idx[g, k]
         n = mask.sum(dim=1)
         first_real = length - n  # ascending: padding fills slots [0, L - n)
-        keep = torch.arange(length, device=labels.device) >= first_real.unsqueeze(1)
-        m_s = keep.view(torch.uint8).to(dtype)
+        m_s = (torch.arange(length, device=labels.device) >= first_real.unsqueeze(1)).to(dtype)
         # the largest real label sits last, the smallest at L - n
         low = keys.gather(1, first_real.clamp(max=max(length - 1, 0)).unsqueeze(1)).squeeze(1)
         valid = keys[:, -1] > low if length else n > 0
         c = m_s
         if weights is not None:
-            c = select_bits(weights.to(dtype).gather(1, idx), keep)
+            c = select_bits(weights.to(dtype), mask, 0.0, bits).gather(1, idx)
         if position_aware:
             c = c * _pa_weights(n, length, dtype)
-        s = select_bits(logits.to(dtype).gather(1, idx), keep)
+        # padding gets -big: exp(s - shift) is exactly 0 there, no mask needed below
+        s = select_bits(logits.to(dtype), mask, -big(dtype), bits).gather(1, idx)
+        # the origin ``margin`` below each list's best score: exp covers about margin + 100 below
+        # the best (float32; margin + 740 in float64) and L e^margin stays finite
         fin = torch.finfo(dtype)
-        margin = min(80.0, math.log(fin.max) - math.log(max(length, 1)) - 1.0) if dtype == \
-            torch.float32 else min(700.0, math.log(fin.max) - math.log(max(length, 1)) - 1.0)
-        shift = (s + (m_s - 1.0) * big(dtype)).amax(dim=1, keepdim=True) - margin
-        rel = (s - shift) * m_s  # <= margin on real slots, 0 on padding
-        e = torch.exp(rel) * m_s
-        tail = e.cumsum(dim=1)
-        log_tail = torch.log((tail + (1.0 - m_s)).clamp_min_(fin.tiny))  # padding: log 1 = 0
-        ctx.save_for_backward(e, tail, c, idx)
+        margin = min(80.0 if dtype == torch.float32 else 700.0,
+                     math.log(fin.max) - math.log(max(length, 1)) - 1.0)
+        rel = s - (s.amax(dim=1, keepdim=True) - margin)
+        e = torch.exp(rel)
+        tail = e.cumsum(dim=1).clamp_min_(fin.tiny)  # padding (first): tiny, its c is 0
+        term = torch.log(tail) - rel
+        # Far tails: where a prefix sum underflowed, use its largest score instead (log-sum-exp
+        # lies within log L of the max): the prefix max plus log L + 1 bounds every exact term,
+        # so the minimum keeps exact terms and caps clamped ones. Only computed when some real
+        # tail underflowed on CPU (that check costs a device sync elsewhere: always there).
+        far = ci = None
+        smallest = tail.gather(1, first_real.clamp(max=max(length - 1, 0)).unsqueeze(1))
+        if length and (s.device.type != "cpu" or bool(((smallest <= fin.tiny) & (n > 0)
+                                                        .unsqueeze(1)).any())):
+            cm, ci = torch.cummax(s, dim=1)
+            bound = cm - s + (math.log(length) + 1.0)
+            far = term > bound
+            term = torch.minimum(term, bound)
+        ctx.save_for_backward(e, tail, c, idx, far, ci)
         ctx.in_dtype = logits.dtype
+        ctx.bound = fin.max / (2.0 * (length + 1))
         ctx.mark_non_differentiable(valid)
-        return (c * (log_tail - rel)).sum(dim=1), valid
+        return (c * term).sum(dim=1), valid
 
     @staticmethod
     def backward(ctx, grad, _):
-        e, tail, c, idx = ctx.saved_tensors
-        ratio = c / tail.clamp_min(torch.finfo(tail.dtype).tiny)  # padding: c = 0
-        after = ratio.sum(dim=1, keepdim=True) - ratio.cumsum(dim=1) + ratio  # Σ_{k >= m}
-        ds = ((e * after - c) * grad.unsqueeze(1)).to(ctx.in_dtype)
+        e, tail, c, idx, far, ci = ctx.saved_tensors
+        # c / T, bounded so that the sums below stay finite where a tail underflowed
+        ratio = (c / tail).clamp_max_(ctx.bound)  # padding: c = 0
+        if far is not None:
+            ratio = ratio * ~far
+        # Σ_{k >= m} c_k / T_k, summed from the end: the small late terms must not be lost in
+        # the large early ones (total - cumsum would cancel catastrophically)
+        after = ratio.flip(1).cumsum(dim=1).flip(1)
+        ds = torch.addcmul(c, e, after, value=-1.0).neg_()  # e_m after_m - c_m
+        if far is not None:  # capped terms: d(max_{m <= k} s_m - s_k) puts +c_k on the argmax
+            ds.scatter_add_(1, ci, c * far)
+        ds.mul_(grad.unsqueeze(1))
         # undo the shuffle and the sort: sorted slot k came from storage slot idx[g, k]
-        return torch.empty_like(ds).scatter_(1, idx, ds), None, None, None, None, None
+        return (torch.empty_like(ds).scatter_(1, idx, ds).to(ctx.in_dtype), None, None, None,
+                None, None)
 
 
 def _plackett_luce(
