@@ -51,10 +51,16 @@ MAX_BYTES = 6e9
 # --- timing ------------------------------------------------------------------------------------
 
 
+def _clock() -> float:
+    """Wall time; with one intra-op thread the thread's CPU time, which a busy machine's
+    preemptions do not inflate (all the work runs on this thread then)."""
+    return time.thread_time() if torch.get_num_threads() == 1 else time.perf_counter()
+
+
 def _once(fn: Callable[[], torch.Tensor]) -> float:
-    t0 = time.perf_counter()
+    t0 = _clock()
     fn().backward()
-    return time.perf_counter() - t0
+    return _clock() - t0
 
 
 def timed(fn: Callable[[], torch.Tensor], repeats: int) -> float:
@@ -367,8 +373,9 @@ def main() -> None:
         f"Generated {time.strftime('%Y-%m-%d %H:%M')} by `python scripts/bench_losses.py` on "
         f"{C.machine()}. Forward + backward from a leaf logits tensor, labels 0..2, ~70 % of "
         f"the slots real; {allrank_note}. A cell is the median over {rounds} rounds of the best "
-        "of a few runs; the speed-up is allRank's time over ours, median [min–max] over rounds. "
-        "Other processes may share the CPU: compare within a row.",
+        "of a few runs (with one thread: the thread's CPU time); the speed-up is allRank's time "
+        "over ours, median [min–max] over rounds. Other processes may share the CPU: compare "
+        "within a row.",
         "### Every loss, forward + backward", speed,
         "### Values, ours against allRank on the same inputs", values,
         "### Peak memory of ours (torch's CPU memory profiler, one forward + backward)", memory,
