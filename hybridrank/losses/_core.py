@@ -233,6 +233,22 @@ def reduce_lists(
     return total / denom.clamp_min(torch.finfo(total.dtype).tiny)
 
 
+def fused_reduce(per_list: Tensor, valid: Tensor, reduction: str) -> tuple[Tensor, Tensor]:
+    """:func:`reduce_lists` inside a fused autograd function: ``(output, d output / d per_list)``.
+
+    The second value (``[G]``: ``valid``, divided by the number of valid lists for ``"mean"``)
+    is what the function's backward multiplies the incoming gradient by.
+    """
+    keep = valid.to(per_list.dtype)
+    per_list = per_list * keep
+    if reduction == "none":
+        return per_list, keep
+    if reduction == "sum":
+        return per_list.sum(), keep
+    count = keep.sum().clamp_min(1.0)
+    return per_list.sum() / count, keep / count
+
+
 def has_pair(y: Tensor, m: Tensor) -> Tensor:
     """``[G]`` True where a list holds two real impressions with different labels.
 

@@ -19,6 +19,7 @@ from hybridrank.losses._core import (
     bit_masks,
     check_inputs,
     float_bits,
+    fused_reduce,
     has_pair,
     label_keys,
     neg_fill,
@@ -65,12 +66,11 @@ def softmax_loss(
     1.3863
     """
     check_inputs(logits, labels, mask, weights, reduction)
-    per_list, valid = _SoftmaxCE.apply(logits, labels, mask, weights)
-    return reduce_lists(per_list, valid, reduction)
+    return _SoftmaxCE.apply(logits, labels, mask, weights, reduction)
 
 
 class _SoftmaxCE(torch.autograd.Function):
-    """Per-list softmax CE ``-Σ t_i log softmax(s)_i / Σ t`` and the ``[G]`` validity flags.
+    """Softmax CE ``-Σ t_i log softmax(s)_i / Σ t`` per list, reduced as ``reduction`` says.
 
     One fused function with the analytic backward ``∂/∂s_i = (softmax(s)_i - t_i / Σ t) g``:
     a few kernels instead of autograd's chain through the masking, ``log_softmax``, the product
@@ -80,7 +80,7 @@ class _SoftmaxCE(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, logits, labels, mask, weights):
+    def forward(ctx, logits, labels, mask, weights, reduction):
         dtype = torch.promote_types(logits.dtype, torch.float32)
         itype = INT_OF[dtype]
         keep = mask.view(torch.uint8).to(itype).neg_()  # all bits set on real slots
@@ -100,19 +100,19 @@ class _SoftmaxCE(torch.autograd.Function):
         hi = (y_bits | (drop & info.min)).amax(dim=1)
         lo = (y_bits | (drop & info.max)).amin(dim=1)
         valid = (hi != lo) & (mass > 0)
-        ctx.save_for_backward(s, t, mass, safe_mass)
+        out, d_list = fused_reduce(per_list, valid, reduction)
+        ctx.save_for_backward(s, t, mass, safe_mass, d_list)
         ctx.in_dtype = logits.dtype
-        ctx.mark_non_differentiable(valid)
-        return per_list, valid
+        return out
 
     @staticmethod
-    def backward(ctx, grad, _):
-        s, t, mass, safe_mass = ctx.saved_tensors
-        scale = (grad / safe_mass).unsqueeze(1)
+    def backward(ctx, grad):
+        s, t, mass, safe_mass, d_list = ctx.saved_tensors
+        scale = (grad * d_list / safe_mass).unsqueeze(1)
         # softmax(s), not exp(log_softmax(s)): exp of the huge negative padding fill is slow
         ds = torch.addcmul(torch.softmax(s, dim=1) * (mass.unsqueeze(1) * scale), t, scale,
                            value=-1.0)
-        return ds.to(ctx.in_dtype), None, None, None
+        return ds.to(ctx.in_dtype), None, None, None, None
 
 
 def _pa_formula(n: Tensor, length: int, dtype: torch.dtype) -> Tensor:
@@ -144,7 +144,7 @@ def _pa_weights(n: Tensor, length: int, dtype: torch.dtype) -> Tensor:
 
 
 class _ListMLE(torch.autograd.Function):
-    """Per-list (position-aware) ListMLE and the ``[G]`` has-two-labels flags, in one function.
+    """(Position-aware) ListMLE in one function, reduced as ``reduction`` says.
 
     Forward, for each list: shuffle the columns by ``perm`` and sort by label *ascending*
     (padding first, as integer keys that order like the labels). In ascending order the items
@@ -164,7 +164,7 @@ class _ListMLE(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, logits, labels, mask, weights, perm, position_aware: bool):
+    def forward(ctx, logits, labels, mask, weights, perm, position_aware: bool, reduction: str):
         dtype = torch.promote_types(logits.dtype, torch.float32)
         length = labels.shape[1]
         bits = bit_masks(mask, dtype)
@@ -209,15 +209,15 @@ class _ListMLE(torch.autograd.Function):
             bound = cm - s + (math.log(length) + 1.0)
             far = term > bound
             term = torch.minimum(term, bound)
-        ctx.save_for_backward(e, tail, c, idx, far, ci)
+        out, d_list = fused_reduce((c * term).sum(dim=1), valid, reduction)
+        ctx.save_for_backward(e, tail, c, idx, far, ci, d_list)
         ctx.in_dtype = logits.dtype
         ctx.bound = fin.max / (2.0 * (length + 1))
-        ctx.mark_non_differentiable(valid)
-        return (c * term).sum(dim=1), valid
+        return out
 
     @staticmethod
-    def backward(ctx, grad, _):
-        e, tail, c, idx, far, ci = ctx.saved_tensors
+    def backward(ctx, grad):
+        e, tail, c, idx, far, ci, d_list = ctx.saved_tensors
         # c / T, bounded so that the sums below stay finite where a tail underflowed
         ratio = (c / tail).clamp_max_(ctx.bound)  # padding: c = 0
         if far is not None:
@@ -228,17 +228,17 @@ class _ListMLE(torch.autograd.Function):
         ds = torch.addcmul(c, e, after, value=-1.0).neg_()  # e_m after_m - c_m
         if far is not None:  # capped terms: d(max_{m <= k} s_m - s_k) puts +c_k on the argmax
             ds.scatter_add_(1, ci, c * far)
-        ds.mul_(grad.unsqueeze(1))
+        ds.mul_((grad * d_list).unsqueeze(1))
         # undo the shuffle and the sort: sorted slot k came from storage slot idx[g, k]
         return (torch.empty_like(ds).scatter_(1, idx, ds).to(ctx.in_dtype), None, None, None,
-                None, None)
+                None, None, None)
 
 
 def _plackett_luce(
     logits: Tensor, labels: Tensor, mask: Tensor, weights: Tensor | None, seed: int | None,
-    position_aware: bool,
-) -> tuple[Tensor, Tensor]:
-    """Per-list (position-aware) ListMLE values and the ``[G]`` has-two-labels flags.
+    position_aware: bool, reduction: str,
+) -> Tensor:
+    """(Position-aware) ListMLE, reduced as ``reduction`` says.
 
     The permutation π sorts labels descending, label ties in a uniformly random order: the
     columns are first shuffled by one random permutation (``torch.randperm``, from the global
@@ -250,7 +250,7 @@ def _plackett_luce(
         gen = torch.Generator(device=labels.device)
         gen.manual_seed(seed)
     perm = torch.randperm(labels.shape[1], generator=gen, device=labels.device)
-    return _ListMLE.apply(logits, labels, mask, weights, perm, position_aware)
+    return _ListMLE.apply(logits, labels, mask, weights, perm, position_aware, reduction)
 
 
 def listmle_loss(
@@ -289,8 +289,7 @@ def listmle_loss(
     0.6931
     """
     check_inputs(logits, labels, mask, weights, reduction)
-    per_list, valid = _plackett_luce(logits, labels, mask, weights, seed, position_aware=False)
-    return reduce_lists(per_list, valid, reduction)
+    return _plackett_luce(logits, labels, mask, weights, seed, False, reduction)
 
 
 def position_aware_listmle_loss(
@@ -315,8 +314,7 @@ def position_aware_listmle_loss(
         Scalar, or ``[G]`` for ``reduction="none"``.
     """
     check_inputs(logits, labels, mask, weights, reduction)
-    per_list, valid = _plackett_luce(logits, labels, mask, weights, seed, position_aware=True)
-    return reduce_lists(per_list, valid, reduction)
+    return _plackett_luce(logits, labels, mask, weights, seed, True, reduction)
 
 
 def approx_ndcg_loss(
