@@ -295,16 +295,16 @@ class IsotonicCalibrator(Calibrator):
         self.y = None if y is None else torch.as_tensor(y, dtype=torch.float64)
 
     def fit(self, logits, clicks, weights=None) -> IsotonicCalibrator:
-        z, y, w = _fit_inputs(logits, clicks, weights)
+        z, y, w = (t.numpy() for t in _fit_inputs(logits, clicks, weights))
         keep = w > 0
-        z, y, w = z[keep], y[keep], w[keep]
-        if z.numel() == 0:
+        if not keep.all():
+            z, y, w = z[keep], y[keep], w[keep]
+        if z.size == 0:
             raise ValueError("isotonic calibration: every weight is zero")
-        uz, inv = torch.unique(z, sorted=True, return_inverse=True)
-        sw = torch.zeros_like(uz).index_add_(0, inv, w).numpy()
-        swy = torch.zeros_like(uz).index_add_(0, inv, w * y).numpy()
-        swz = uz.numpy() * sw
-        bw, bwy, bwz = _pav(sw, swy, swz)
+        uz, inv = np.unique(z, return_inverse=True)
+        sw = np.bincount(inv, weights=w, minlength=uz.size)
+        swy = np.bincount(inv, weights=w * y, minlength=uz.size)
+        bw, bwy, bwz = _pav(sw, swy, uz * sw)
         self.x = torch.from_numpy(bwz / bw)
         self.y = torch.from_numpy(bwy / bw)
         return self
@@ -332,27 +332,23 @@ class IsotonicCalibrator(Calibrator):
 
 
 def _pav(w: np.ndarray, wy: np.ndarray, wz: np.ndarray) -> tuple[np.ndarray, ...]:
-    """Pool adjacent violators over values already sorted by logit: one pass with a block stack.
+    """Pool adjacent violators over values already sorted by logit, with strictly rising means.
 
-    Each input entry is a block (weight, weighted click sum, weighted logit sum); a new block is
-    merged with the previous one while the previous mean is not strictly below it, so the output
-    means are strictly increasing. O(n) amortised: every entry is pushed and popped once.
+    Each input entry is a block (weight, weighted click sum, weighted logit sum). SciPy's PAVA
+    (``scipy.optimize.isotonic_regression``, compiled, O(n)) finds the blocks of the weighted
+    isotonic fit of the click rates; it pools a block with its predecessor while the
+    predecessor's mean is not below it, and a last pass merges any neighbours whose summed means
+    still tie after rounding, so the output means strictly increase. Returns the block sums.
     """
-    n = w.shape[0]
-    sw = np.empty(n)
-    swy = np.empty(n)
-    swz = np.empty(n)
-    top = -1
-    for i in range(n):
-        cw, cy, cz = float(w[i]), float(wy[i]), float(wz[i])
-        while top >= 0 and swy[top] * cw >= cy * sw[top]:  # prev mean >= current mean: pool
-            cw += sw[top]
-            cy += swy[top]
-            cz += swz[top]
-            top -= 1
-        top += 1
-        sw[top], swy[top], swz[top] = cw, cy, cz
-    return sw[: top + 1], swy[: top + 1], swz[: top + 1]
+    from scipy.optimize import isotonic_regression  # scipy's import is slow; only fits need it
+
+    starts = isotonic_regression(wy / w, weights=w, increasing=True).blocks[:-1]
+    sums = [np.add.reduceat(a, starts) for a in (w, wy, wz)]
+    mean = sums[1] / sums[0]
+    rising = np.flatnonzero(np.r_[True, mean[1:] > mean[:-1]])
+    if rising.size == mean.size:
+        return tuple(sums)
+    return tuple(np.add.reduceat(a, rising) for a in sums)
 
 
 #: Calibrators by config / metadata name (a plain dict: no eval / globals dispatch).

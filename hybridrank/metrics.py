@@ -28,6 +28,7 @@ Calibration metrics live in :mod:`hybridrank.calibration_metrics` and are re-exp
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 
 import torch
@@ -35,6 +36,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from torchmetrics import Metric
 
+from hybridrank._dcg import block_means, gains, ideal_dcg, position_discounts, tie_blocks
 from hybridrank.calibration_metrics import (
     EPS,
     PositionCalibration,
@@ -47,8 +49,12 @@ from hybridrank.calibration_metrics import (
     auc_from_hist,
     bin_index,
     ece,
+    hist_empty,
+    hist_merge,
+    hist_of,
+    hist_parts,
+    hist_reduce,
     log_loss,
-    logit_hist_index,
     normalized_entropy,
     pcoc,
     pcoc_by_position,
@@ -127,49 +133,14 @@ def _dtype(*ts: Tensor) -> torch.dtype:
     return torch.float64 if any(t.dtype == torch.float64 for t in ts) else torch.float32
 
 
-def _tie_blocks(scores: Tensor, mask: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """Sort each list by descending score, padding last; find the tied block of every slot.
-
-    Returns ``(order, first, last)``, all ``[G, L]`` int64: ``order`` the sorting permutation,
-    ``first`` / ``last`` the 0-based sorted positions bounding the tied block of the item at each
-    sorted position (padding forms its own block at the end).
-    """
-    s = scores if scores.is_floating_point() else scores.double()
-    fin = torch.finfo(s.dtype)
-    key = s.clamp(fin.min, fin.max).masked_fill(~mask, float("-inf"))  # +-inf stay ordered, < pad
-    sk, order = torch.sort(key, dim=1, descending=True)
-    g, n = sk.shape
-    new = torch.ones_like(sk, dtype=torch.bool)
-    new[:, 1:] = sk[:, 1:] != sk[:, :-1]
-    block = new.cumsum(1) - 1  # block id within the row, non-decreasing
-    flat = block + n * torch.arange(g, device=sk.device)[:, None]
-    size = torch.bincount(flat.reshape(-1), minlength=g * n).view(g, n)  # rows of block sizes
-    start = size.cumsum(1) - size
-    first = start.gather(1, block)
-    return order, first, first + size.gather(1, block) - 1
-
-
-def _gain(labels: Tensor, gain: str) -> Tensor:
-    return torch.exp2(labels) - 1 if gain == "exp" else labels
-
-
 def _ndcg_blocks(blocks, labels, mask, ks, gain, dt):
     """``[G, K]`` NDCG (NaN-free, 0 where the ideal DCG is 0) and ``[G]`` has-positive flags."""
     order, first, last = blocks
-    n = mask.shape[1]
-    g = _gain(labels.to(dt), gain).masked_fill(~mask, 0)
-    ar = torch.arange(n, device=g.device)
-    disc = 1 / torch.log2(ar.to(dt) + 2)
-    kv = torch.tensor([n if k is None else min(k, n) for k in ks], device=g.device)
-    dk = disc * (ar < kv[:, None])  # [K, L] discount, zero beyond each cut-off
-    cum = F.pad(dk.cumsum(1), (1, 0))  # [K, L + 1]
-    width = (last - first + 1).to(dt)
-    flat_last, flat_first = (last + 1).reshape(-1), first.reshape(-1)
-    span = cum.index_select(1, flat_last) - cum.index_select(1, flat_first)
-    mean_disc = span.view(cum.shape[0], *last.shape) / width  # [K, G, L]: a block's mean discount
+    g = gains(labels.to(dt), gain).masked_fill(~mask, 0)
+    dk = position_discounts(mask.shape[1], ks, dtype=dt, device=g.device)  # [K, L], 0 past k
+    mean_disc = block_means(dk, first, last)  # [K, G, L]: each slot's tie-averaged discount
     dcg = (mean_disc * g.gather(1, order)).sum(-1).T
-    ideal = g.sort(1, descending=True).values
-    idcg = (ideal * dk[:, None, :]).sum(-1).T
+    idcg = ideal_dcg(g, mask, dk)
     has_pos = (g > 0).any(1)
     return dcg / torch.where(has_pos[:, None], idcg, 1), has_pos
 
@@ -224,7 +195,7 @@ def ndcg_per_list(
     ks, _ = _resolve_ks(k)
     _check_options(empty=empty, gain=gain, ties=ties)
     _check_lists(scores, labels, mask)
-    vals, has_pos = _ndcg_blocks(_tie_blocks(scores, mask), labels, mask, ks, gain,
+    vals, has_pos = _ndcg_blocks(tie_blocks(scores, mask), labels, mask, ks, gain,
                                  _dtype(scores, labels))
     return _apply_empty(vals, has_pos, mask, empty)
 
@@ -279,7 +250,7 @@ def average_precision_per_list(
     """
     _check_options(empty=empty)
     _check_lists(scores, labels, mask)
-    ap, _, has_pos = _ap_rr_blocks(_tie_blocks(scores, mask), labels, mask, _dtype(scores, labels))
+    ap, _, has_pos = _ap_rr_blocks(tie_blocks(scores, mask), labels, mask, _dtype(scores, labels))
     return _apply_empty(ap, has_pos, mask, empty)
 
 
@@ -310,7 +281,7 @@ def reciprocal_rank_per_list(
     """
     _check_options(empty=empty)
     _check_lists(scores, labels, mask)
-    _, rr, has_pos = _ap_rr_blocks(_tie_blocks(scores, mask), labels, mask, _dtype(scores, labels))
+    _, rr, has_pos = _ap_rr_blocks(tie_blocks(scores, mask), labels, mask, _dtype(scores, labels))
     return _apply_empty(rr, has_pos, mask, empty)
 
 
@@ -349,7 +320,7 @@ def auc_per_list(scores: Tensor, labels: Tensor, mask: Tensor) -> tuple[Tensor, 
         ``(values [G] float64, valid [G])``, valid where the list has both classes.
     """
     _check_lists(scores, labels, mask)
-    return _auc_blocks(_tie_blocks(scores, mask), labels, mask)
+    return _auc_blocks(tie_blocks(scores, mask), labels, mask)
 
 
 def auc(scores: Tensor, labels: Tensor, mask: Tensor | None = None) -> Tensor:
@@ -400,16 +371,20 @@ def gauc(scores: Tensor, labels: Tensor, mask: Tensor) -> Tensor:
 class ListMetrics(Metric):
     """Streaming ranking + calibration metrics over whole lists, with sum states only.
 
-    Every state is a float64 sum with ``dist_reduce_fx="sum"``, so DDP sync is exact and memory is
-    flat in the data size. Each ``update`` must receive whole lists. ``ndcg@k``, ``map``, ``mrr``,
-    ``gauc``, ``logloss``, ``ne``, ``pcoc``, uniform-bin ``ece`` and ``pcoc@pos{i}`` equal the pure
-    functions up to float rounding. Global ``auc`` and quantile-bin ``ece`` come from a fixed
-    histogram of ``hist_bins`` equal-width logit bins over ``[-logit_range, logit_range]`` (count,
-    sum p, positives per bin): AUC counts pairs sharing a fine bin as ties, an error of at most
-    ``0.5 sum_h pos_h neg_h / (P N)``; quantile ECE treats each fine bin as one tied block, exact
-    unless a fine bin holds two distinct p, and within ``2 m / n`` otherwise (``m`` impressions in
-    fine bins straddling a quantile boundary). On 10^4-10^5 impressions with logits spread over a
-    few units the AUC bound is ~4e-4 (observed errors ~1e-6) and quantile-ECE errors ~5e-5.
+    Every state is a float64 sum with ``dist_reduce_fx="sum"`` except the fine logit histogram,
+    whose exact merge is its own reduction, so DDP sync is exact and memory is flat in the data
+    size. Each ``update`` must receive whole lists. ``ndcg@k``, ``map``, ``mrr``, ``gauc``,
+    ``logloss``, ``ne``, ``pcoc``, uniform-bin ``ece`` and ``pcoc@pos{i}`` equal the pure functions
+    up to float rounding. Global ``auc`` and quantile-bin ``ece`` come from an adaptive histogram of
+    ``hist_bins`` equal-width logit bins (count, sum p, positives per bin) whose width is the
+    smallest power of two at which every logit seen so far fits (bins re-merge exactly when later
+    logits widen the range, so the bins always span the data, wherever the scale puts it; logits
+    beyond ``±2^20`` are clamped). AUC counts pairs sharing a fine bin as ties, an error of at most
+    ``0.5 sum_h pos_h neg_h / (P N)`` (:meth:`auc_bound`); ``compute`` warns when that bound exceeds
+    ``auc_tolerance`` (e.g. a few extreme outlier logits stretch the range). Quantile ECE treats
+    each fine bin as one tied block, exact unless a fine bin holds two distinct p, and within
+    ``2 m / n`` otherwise (``m`` impressions in fine bins straddling a quantile boundary). On
+    10^4-10^5 impressions the AUC bound is ~1e-4-1e-3 and observed errors ~1e-6.
 
     Args:
         ks: NDCG cut-offs (``None`` = whole list, key ``ndcg``).
@@ -418,7 +393,8 @@ class ListMetrics(Metric):
         positions: False, or the number P of display positions (1..P) that get ``pcoc@pos{i}``
             (True = 10); positions outside 1..P count only in the global metrics, and with
             False the ``positions`` given to ``update`` are ignored.
-        hist_bins, logit_range: the fine logit histogram.
+        hist_bins: number of fine logit bins.
+        auc_tolerance: ``compute`` warns when the streaming AUC's error bound exceeds it.
 
     ``update(logits [G, L], labels [G, L], mask [G, L], positions=None)``: ``p = sigmoid(logits)``.
 
@@ -442,7 +418,7 @@ class ListMetrics(Metric):
     def __init__(
         self, ks: Sequence[K] = (1, 3, 5, 10), gain: str = "exp", empty: str = "skip",
         ties: str = "average", bins: int = 15, binning: str = "quantile",
-        positions: bool | int = False, hist_bins: int = 8192, logit_range: float = 16.0,
+        positions: bool | int = False, hist_bins: int = 8192, auc_tolerance: float = 1e-3,
         **kwargs,  # torchmetrics.Metric options (sync_on_compute, ...); it rejects unknown keys
     ) -> None:
         super().__init__(**kwargs)
@@ -451,7 +427,9 @@ class ListMetrics(Metric):
         _check_binning(bins, binning)
         self.gain, self.empty, self.bins, self.binning = gain, empty, bins, binning
         self.n_positions = 10 if positions is True else int(positions)
-        self.hist_bins, self.logit_range = hist_bins, float(logit_range)
+        if not isinstance(hist_bins, int) or hist_bins < 2:
+            raise ValueError(f"hist_bins must be an int >= 2, got {hist_bins!r}")
+        self.hist_bins, self.auc_tolerance = hist_bins, float(auc_tolerance)
 
         def add(name: str, size: int = 0) -> None:
             shape = (size,) if size else ()
@@ -461,8 +439,7 @@ class ListMetrics(Metric):
         for name in ("ap_sum", "rr_sum", "n_lists", "n_empty", "gauc_sum", "gauc_weight",
                      "logloss_sum", "n_impressions"):
             add(name)
-        for name in ("hist_count", "hist_sum_p", "hist_pos"):
-            add(name, hist_bins)
+        self.add_state("hist", hist_empty(hist_bins), dist_reduce_fx=hist_reduce)
         for name in ("ubin_count", "ubin_sum_p", "ubin_pos"):
             add(name, bins)
         for name in ("pos_count", "pos_sum_p", "pos_pos"):
@@ -473,7 +450,7 @@ class ListMetrics(Metric):
         """Add whole lists: ``logits``, ``labels``, ``mask``, int ``positions``, all ``[G, L]``."""
         logits = logits.detach()
         _check_lists(logits, labels, mask)
-        blocks = _tie_blocks(logits, mask)
+        blocks = tie_blocks(logits, mask)
         dt = _dtype(logits, labels)
         nd, has_pos = _ndcg_blocks(blocks, labels, mask, self.ks, self.gain, dt)
         ap, rr, _ = _ap_rr_blocks(blocks, labels, mask, dt)
@@ -497,10 +474,7 @@ class ListMetrics(Metric):
         y = (labels[mask] > 0).double()
         self.logloss_sum += _bce_sum(p, y)
         self.n_impressions += p.numel()
-        h = logit_hist_index(z, self.hist_bins, self.logit_range)
-        self.hist_count += torch.bincount(h, minlength=self.hist_bins)
-        self.hist_sum_p += torch.bincount(h, p, minlength=self.hist_bins)
-        self.hist_pos += torch.bincount(h, y, minlength=self.hist_bins)
+        self.hist = hist_merge(self.hist, hist_of(z, p, y, self.hist_bins))
         u = bin_index(p, self.bins, "uniform")
         self.ubin_count += torch.bincount(u, minlength=self.bins)
         self.ubin_sum_p += torch.bincount(u, p, minlength=self.bins)
@@ -514,6 +488,32 @@ class ListMetrics(Metric):
             self.pos_count += torch.bincount(pos, minlength=self.n_positions)
             self.pos_sum_p += torch.bincount(pos, pk, minlength=self.n_positions)
             self.pos_pos += torch.bincount(pos, yk, minlength=self.n_positions)
+
+    @property
+    def hist_count(self) -> Tensor:
+        """``[hist_bins]`` impressions per fine logit bin."""
+        return hist_parts(self.hist)[2]
+
+    @property
+    def hist_sum_p(self) -> Tensor:
+        """``[hist_bins]`` summed p per fine logit bin."""
+        return hist_parts(self.hist)[3]
+
+    @property
+    def hist_pos(self) -> Tensor:
+        """``[hist_bins]`` positives per fine logit bin."""
+        return hist_parts(self.hist)[4]
+
+    @property
+    def hist_width(self) -> float:
+        """Width of a fine logit bin (a power of two, set by the range of the logits seen)."""
+        return 2.0 ** hist_parts(self.hist)[0]
+
+    def auc_bound(self) -> Tensor:
+        """Upper bound on ``|streaming auc - exact auc|``: half the share of positive-negative
+        pairs that share a fine bin holding two distinct logits."""
+        _, _, cnt, _, pos, lo, hi = hist_parts(self.hist)
+        return auc_from_hist(pos, cnt - pos, hi > lo)[1]
 
     def _bin_sums(self) -> tuple[Tensor, Tensor, Tensor]:
         if self.binning == "uniform":
@@ -536,7 +536,16 @@ class ListMetrics(Metric):
             out["mrr"] = self.rr_sum / n_valid
         n_pos, n = self.hist_pos.sum(), self.n_impressions
         if 0 < float(n_pos) < float(n):
-            out["auc"] = auc_from_hist(self.hist_pos, self.hist_count - self.hist_pos)[0]
+            _, _, cnt, _, pos, lo, hi = hist_parts(self.hist)
+            value, bound = auc_from_hist(pos, cnt - pos, hi > lo)
+            out["auc"] = value
+            if float(bound) > self.auc_tolerance:
+                warnings.warn(
+                    f"ListMetrics: the streaming AUC is only known to within ±{float(bound):.1e} "
+                    f"(> auc_tolerance={self.auc_tolerance:g}): many impressions share a fine "
+                    f"logit bin of width {self.hist_width:.3g} (logits tied, or a few far-out "
+                    f"logits stretch the range over hist_bins={self.hist_bins}); use "
+                    "hybridrank.metrics.auc on the logits for the exact value", stacklevel=2)
         if float(self.gauc_weight) > 0:
             out["gauc"] = self.gauc_sum / self.gauc_weight
         if float(n) > 0:

@@ -9,6 +9,8 @@ whether that list enters the mean. :func:`reduce` applies the reduction contract
 
 from __future__ import annotations
 
+import functools
+import itertools
 import math
 
 import torch
@@ -69,6 +71,12 @@ def _idcg(y, gain="exp", k=None):
     return sum(g * _disc(r + 1) for r, g in enumerate(top) if k is None or r < k)
 
 
+def _weighted_idcg(y, w, k=None):
+    """Ideal DCG of the weighted gains ``w_i g_i`` (the weights scale an item's gain)."""
+    top = sorted((wi * _gain(v) for v, wi in zip(y, w)), reverse=True)
+    return sum(g * _disc(r + 1) for r, g in enumerate(top) if k is None or r < k)
+
+
 # --- pointwise -------------------------------------------------------------------------------
 
 
@@ -95,6 +103,22 @@ def _avg_rank(s, i):
     return 1.0 + above + tied / 2.0
 
 
+@functools.lru_cache(maxsize=256)
+def _score_orders(s):
+    """Every ordering of the items consistent with descending scores (all tie orders)."""
+    return [o for o in itertools.permutations(range(len(s)))
+            if all(s[o[k]] >= s[o[k + 1]] for k in range(len(s) - 1))]
+
+
+def _expected_disc_gap(s, i, j):
+    """``E |1/log2(1 + r_i) - 1/log2(1 + r_j)|`` over uniformly random orders of tied scores."""
+    total, orders = 0.0, _score_orders(tuple(s))
+    for o in orders:
+        rank = {item: pos + 1 for pos, item in enumerate(o)}
+        total += abs(_disc(rank[i]) - _disc(rank[j]))
+    return total / len(orders)
+
+
 def _lambda(scheme, s, y, i, j, mu=10.0, gain="exp"):
     if scheme is None:
         return 1.0
@@ -104,7 +128,7 @@ def _lambda(scheme, s, y, i, j, mu=10.0, gain="exp"):
     idcg = _idcg(y, gain)
     dg = abs(gi - gj) / idcg
     ri, rj = _avg_rank(s, i), _avg_rank(s, j)
-    rho = dg * abs(_disc(ri) - _disc(rj))
+    rho = dg * _expected_disc_gap(s, i, j) if scheme != "ndcg2" else 0.0
     gap = max(abs(ri - rj), 1.0)
     delta = dg * abs(_disc(gap) - _disc(gap + 1.0))
     return {"ndcg": rho, "ndcg2": delta, "ndcg2pp": rho + mu * delta}[scheme]
@@ -186,7 +210,7 @@ def ref_approx_ndcg(logits, labels, mask, weights=None, temperature=0.1):
         for i in range(len(s)):
             rank = 1.0 + sum(_sig((s[j] - s[i]) / temperature) for j in range(len(s)) if j != i)
             dcg += w[i] * _gain(y[i]) * _disc(rank)
-        per.append(1.0 - dcg / _idcg(y))
+        per.append(1.0 - dcg / _weighted_idcg(y, w))
         counted.append(True)
     return per, counted
 
@@ -213,7 +237,7 @@ def ref_neural_ndcg(logits, labels, mask, weights=None, temperature=1.0, iters=3
         for r in range(n):
             if k is None or r < k:
                 dcg += sum(p[r][i] * w[i] * _gain(y[i]) for i in range(n)) * _disc(r + 1)
-        per.append(1.0 - dcg / _idcg(y, k=k))
+        per.append(1.0 - dcg / _weighted_idcg(y, w, k=k))
         counted.append(True)
     return per, counted
 
@@ -221,7 +245,8 @@ def ref_neural_ndcg(logits, labels, mask, weights=None, temperature=1.0, iters=3
 # --- calibration-compatible ------------------------------------------------------------------
 
 
-def ref_calibrated_softmax(logits, labels, mask, weights=None, y0=1.0, s0=0.0):
+def ref_calibrated_softmax(logits, labels, mask, weights=None, y0=1.0, s0=0.0, link="sigmoid"):
+    """Softmax CE over ``[s0] + u`` with targets ``[y0] + y``, ``u = log σ(s)`` or ``u = s``."""
     per, counted = [], []
     for s, y, w in _rows(logits, labels, mask, weights):
         t = [wi * yi for wi, yi in zip(w, y)]
@@ -230,8 +255,9 @@ def ref_calibrated_softmax(logits, labels, mask, weights=None, y0=1.0, s0=0.0):
             per.append(0.0)
             counted.append(False)
             continue
-        lse = _lse([s0] + s)
-        per.append(-y0 * (s0 - lse) - sum(ti * (si - lse) for ti, si in zip(t, s)))
+        u = [math.log(_sig(v)) if link == "sigmoid" else v for v in s]
+        lse = _lse([s0] + u)
+        per.append(-y0 * (s0 - lse) - sum(ti * (ui - lse) for ti, ui in zip(t, u)))
         counted.append(True)
     return per, counted
 
@@ -250,12 +276,15 @@ def ref_rcr(logits, labels, mask, weights=None):
     return per, counted
 
 
-def ref_jrc(logits, labels, mask, weights=None, opposite_only=False):
-    """``logits [G][L][2]``; per list the weighted mean of ``L_gen_i``."""
+def ref_jrc(logits, labels, mask, weights=None, opposite_only=False, scope="batch"):
+    """``logits [G][L][2]``. ``scope="list"``: per list the weighted mean of ``L_gen_i`` over lists
+    with both labels; ``scope="batch"``: per list the weighted sum, every non-empty list counted
+    (the mean then divides by the total weight, see :func:`ref_jrc_denominator`)."""
     per, counted = [], []
     for z, y, w in _rows(logits, labels, mask, weights):
         c = [1 if v > 0 else 0 for v in y]
-        if not (0 < sum(c) < len(c)):
+        both = 0 < sum(c) < len(c)
+        if scope == "list" and not both:
             per.append(0.0)
             counted.append(False)
             continue
@@ -263,6 +292,28 @@ def ref_jrc(logits, labels, mask, weights=None, opposite_only=False):
         for i in range(len(z)):
             pool = [j for j in range(len(z)) if j == i or not opposite_only or c[j] != c[i]]
             tot += w[i] * (_lse([z[j][c[i]] for j in pool]) - z[i][c[i]])
-        per.append(tot / sum(w) if sum(w) > 0 else 0.0)
-        counted.append(True)
+        if scope == "list":
+            per.append(tot / sum(w) if sum(w) > 0 else 0.0)
+        else:
+            per.append(tot)
+        counted.append(len(z) > 0)
     return per, counted
+
+
+def ref_jrc_denominator(labels, mask, weights=None):
+    """Total weight of the real impressions: the ``"batch"`` scope's mean divides by it."""
+    return sum(sum(w) for _, _, w in _rows(labels, labels, mask, weights))
+
+
+def ref_jrc_flat(z, clicks, session, opposite_only=False):
+    """JRC's generative term on a flat batch with session ids, written the way Alibaba's EasyRec /
+    TorchEasyRec state it: a ``[B, B]`` same-session mask, each impression's log-softmax over its
+    session on the logit of its own label, then the mean over all ``B`` impressions."""
+    b = len(clicks)
+    total = 0.0
+    for i in range(b):
+        c = clicks[i]
+        pool = [j for j in range(b) if session[j] == session[i]
+                and (j == i or not opposite_only or clicks[j] != c)]
+        total += _lse([z[j][c] for j in pool]) - z[i][c]
+    return total / b

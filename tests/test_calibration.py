@@ -125,6 +125,40 @@ def test_isotonic_blocks_match_sklearn():
     assert bool((p[torch.argsort(t)].diff() >= -1e-12).all())  # monotone
 
 
+def _loop_isotonic_knots(z, y, w):
+    """Brute-force reference: sort, aggregate equal logits, pool adjacent violators with a list
+    (a block joins its predecessor while the predecessor's rate is not strictly lower)."""
+    agg = {}
+    for zi, yi, wi in zip(z.tolist(), y.tolist(), w.tolist()):
+        if wi > 0:
+            s = agg.setdefault(zi, [0.0, 0.0])
+            s[0] += wi
+            s[1] += wi * (yi > 0)
+    blocks = []  # [weight, clicks, weight * logit]
+    for zi in sorted(agg):
+        cur = [agg[zi][0], agg[zi][1], agg[zi][0] * zi]
+        while blocks and blocks[-1][1] / blocks[-1][0] >= cur[1] / cur[0]:
+            prev = blocks.pop()
+            cur = [cur[0] + prev[0], cur[1] + prev[1], cur[2] + prev[2]]
+        blocks.append(cur)
+    return [b[2] / b[0] for b in blocks], [b[1] / b[0] for b in blocks]
+
+
+@pytest.mark.parametrize("grid", [None, 0.05])
+def test_isotonic_knots_match_loop_pav(grid):
+    t, y = known_truth(4_000, seed=8)
+    if grid:  # many tied logits
+        t = torch.round(t / grid) * grid
+    w = torch.rand(t.numel(), generator=torch.Generator().manual_seed(1), dtype=torch.float64) * 3
+    w[::17] = 0.0  # zero weights are dropped
+    c = IsotonicCalibrator().fit(t, y, weights=w)
+    x_ref, y_ref = _loop_isotonic_knots(t, y, w)
+    assert c.n_knots == len(x_ref)
+    assert torch.allclose(c.x, torch.tensor(x_ref, dtype=torch.float64), rtol=0, atol=1e-9)
+    assert torch.allclose(c.y, torch.tensor(y_ref, dtype=torch.float64), rtol=0, atol=1e-12)
+    assert bool((c.y[1:] > c.y[:-1]).all())
+
+
 def test_isotonic_interpolates_and_clips():
     c = IsotonicCalibrator(eps=0.01, x=[0.0, 1.0, 3.0], y=[0.0, 0.5, 1.0])
     p = c.predict_proba(torch.tensor([-5.0, 0.0, 0.5, 1.0, 2.0, 3.0, 9.0]))

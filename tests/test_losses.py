@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
 
@@ -35,7 +35,9 @@ class Spec:
     shift_invariant: bool = True  # a purely ranking loss
     distinct: bool = False  # label ties are broken by slot (ListMLE): invariants need no ties
     n_outputs: int = 1
-    counts: str = "pair"  # which lists enter the mean: "pair" | "nonempty" | "both_classes"
+    # which lists enter the mean: "pair" | "nonempty" | "both_classes" | "impressions" (every
+    # non-empty list counts and the mean divides by the total impression weight, as BCE)
+    counts: str = "pair"
 
 
 def _ref_bce(logits, labels, mask, weights=None):
@@ -63,10 +65,18 @@ SPECS = {
     "calibrated_softmax": Spec(L.calibrated_softmax_loss, R.ref_calibrated_softmax,
                                shift_invariant=False, counts="nonempty"),
     "rcr": Spec(L.rcr_loss, R.ref_rcr, shift_invariant=False),
-    "jrc": Spec(L.jrc_loss, R.ref_jrc, n_outputs=2, counts="both_classes"),
+    "calibrated_softmax_exp": Spec(partial(L.calibrated_softmax_loss, link="exp"),
+                                   partial(R.ref_calibrated_softmax, link="exp"),
+                                   shift_invariant=False, counts="nonempty"),
+    "jrc": Spec(L.jrc_loss, R.ref_jrc, n_outputs=2, counts="impressions"),
     "jrc_opposite": Spec(partial(L.jrc_loss, opposite_only=True),
                          partial(R.ref_jrc, opposite_only=True), n_outputs=2,
-                         counts="both_classes"),
+                         counts="impressions"),
+    "jrc_list": Spec(partial(L.jrc_loss, reduction_scope="list"), partial(R.ref_jrc, scope="list"),
+                     n_outputs=2, counts="both_classes"),
+    "jrc_opposite_list": Spec(partial(L.jrc_loss, opposite_only=True, reduction_scope="list"),
+                              partial(R.ref_jrc, opposite_only=True, scope="list"), n_outputs=2,
+                              counts="both_classes"),
 }
 NAMES = sorted(SPECS)
 ALL = torch.ones(1, 2, dtype=torch.bool)
@@ -143,9 +153,14 @@ def test_fixed_numbers_listwise():
     _close(L.listmle_loss(s, y3, mask=m), t1 + t2)
     a = [7 / 11, 3 / 11, 1 / 11]  # 2^(n-k+1) - 1 for n = 3: 7, 3, 1
     _close(L.position_aware_listmle_loss(s, y3, mask=m), a[0] * t1 + a[1] * t2)
-    # calibrated softmax: anchor logit 0 with label 1, not divided by the label mass
+    # calibrated softmax: anchor score 0 with label 1, not divided by the label mass; the default
+    # sigmoid link scores each item by u = log σ(s), the TF-Ranking link by u = s
     lse0 = math.log(1 + math.e + 1 + math.exp(-1))
-    _close(L.calibrated_softmax_loss(s, y, mask=m), -((0 - lse0) + (1 - lse0) + (-1 - lse0)))
+    _close(L.calibrated_softmax_loss(s, y, mask=m, link="exp"),
+           -((0 - lse0) + (1 - lse0) + (-1 - lse0)))
+    u = [math.log(1 / (1 + math.exp(-v))) for v in (1.0, 0.0, -1.0)]
+    lse_u = math.log(1 + sum(math.exp(v) for v in u))
+    _close(L.calibrated_softmax_loss(s, y, mask=m), -((0 - lse_u) + (u[0] - lse_u) + (u[2] - lse_u)))
     # RCR: -(1/C) Σ y log(σ(s_i) / Σ σ)
     sig = [1 / (1 + math.exp(-v)) for v in (1.0, 0.0, -1.0)]
     want = -(math.log(sig[0] / sum(sig)) + math.log(sig[2] / sum(sig))) / 2
@@ -186,7 +201,11 @@ def test_matches_loop_reference(name, data):
     got = _call(spec, b, "none")
     _close(got, R.reduce(per, counted, "none"), tol=1e-7)
     _close(_call(spec, b, "sum"), R.reduce(per, counted, "sum"), tol=1e-7)
-    denom = R.ref_bce(b.logits, b.labels, b.mask, b.weights)[2] if name == "bce" else None
+    denom = None
+    if name == "bce":
+        denom = R.ref_bce(b.logits, b.labels, b.mask, b.weights)[2]
+    elif spec.counts == "impressions":
+        denom = R.ref_jrc_denominator(b.labels, b.mask, b.weights)
     _close(_call(spec, b, "mean"), R.reduce(per, counted, "mean", denom), tol=1e-7)
 
 
@@ -256,6 +275,8 @@ def test_shift_per_list(name, data):
         hi = torch.nan_to_num(real_s, nan=-1e9).amax(1)
         spread = hi > torch.nan_to_num(real_s, nan=1e9).amin(1)
         counted = _counted(spec, b) & (spread | (spec.counts == "nonempty"))
+        if spec.n_outputs == 2:  # moving z1 alone moves L_gen only where both labels compete
+            counted = _counted(replace(spec, counts="both_classes"), b)
         if counted.any():
             assert not torch.allclose(after[counted], base[counted], rtol=1e-6, atol=1e-9)
 
@@ -264,7 +285,7 @@ def _counted(spec: Spec, b: Lists) -> torch.Tensor:
     real = b.mask
     lab = torch.where(real, b.labels, torch.nan)
     two_labels = (torch.nan_to_num(lab, nan=-1e9).amax(1) > torch.nan_to_num(lab, nan=1e9).amin(1))
-    if spec.counts == "nonempty":
+    if spec.counts in ("nonempty", "impressions"):
         return real.any(1)
     if spec.counts == "both_classes":
         click = (b.labels > 0) & real
@@ -281,7 +302,10 @@ def test_mean_is_over_counted_lists(name, data):
     counted = _counted(spec, b)
     none = _call(spec, b, "none", weighted=False)
     assert (none[~counted] == 0).all()
-    if name != "bce":
+    if spec.counts == "impressions":  # like BCE: a mean over every real impression
+        want = none.sum() / b.mask.sum() if b.mask.any() else torch.tensor(0.0)
+        _close(_call(spec, b, "mean", weighted=False), want)
+    elif name != "bce":
         want = none.sum() / counted.sum() if counted.any() else torch.tensor(0.0)
         _close(_call(spec, b, "mean", weighted=False), want)
 
@@ -306,6 +330,13 @@ def test_degenerate_contract(name):
     assert torch.isfinite(none).all() and none[0] == 0
     if spec.counts == "nonempty":  # BCE and calibrated softmax learn from any real item
         assert (none[1:] > 0).all()
+    elif spec.counts == "impressions":  # JRC over the batch: one-label lists compete within
+        assert none[1] == 0  # a single impression competes with itself only
+        per, counted = spec.ref(logits.detach(), labels, mask)
+        _close(none, R.reduce(per, counted, "none"), tol=1e-6)
+        total = spec.fn(logits, labels, mask=mask)
+        total.backward()
+        assert torch.isfinite(logits.grad).all()
     else:
         assert (none == 0).all()
         total = spec.fn(logits, labels, mask=mask)
@@ -431,18 +462,216 @@ def test_option_checks():
         L.bce_loss(s, y, mask=m, target="soft")
 
 
-def test_listmle_ties_fixed_seed_order():
-    """Ties are ordered by a fixed-seed hash: deterministic, seed-dependent, padding-proof."""
+def test_listmle_tie_order_seed():
+    """A seed fixes the tie order (deterministic, seed-dependent); None draws it from torch's
+    global generator, so ``torch.manual_seed`` reproduces it."""
     s = torch.randn(6, 5, generator=torch.Generator().manual_seed(1))
     y = torch.tensor([[1.0, 1.0, 1.0, 0.0, 0.0]] * 6)
     m = torch.ones(6, 5, dtype=torch.bool)
-    a = L.listmle_loss(s, y, mask=m, reduction="none")
-    _close(a, L.listmle_loss(s, y, mask=m, reduction="none"))
-    assert not torch.allclose(a, L.listmle_loss(s, y, mask=m, reduction="none", seed=3))
-    padded = L.listmle_loss(torch.cat([s, torch.zeros(6, 2)], 1), torch.cat([y, y[:, :2]], 1),
-                            mask=torch.cat([m, torch.zeros(6, 2, dtype=torch.bool)], 1),
-                            reduction="none")
-    _close(padded, a)
+    a = L.listmle_loss(s, y, mask=m, reduction="none", seed=0)
+    _close(a, L.listmle_loss(s, y, mask=m, reduction="none", seed=0))
+    draws = {tuple(L.listmle_loss(s, y, mask=m, reduction="none", seed=k).tolist())
+             for k in range(8)}
+    assert len(draws) > 1
+    torch.manual_seed(5)
+    b = L.listmle_loss(s, y, mask=m, reduction="none")
+    torch.manual_seed(5)
+    _close(b, L.listmle_loss(s, y, mask=m, reduction="none"))
+
+
+def _mean_tie_gradients(fn, scores, labels, draws, seeded):
+    """Per-draw gradients ``[draws, L]`` of ``fn`` at fixed scores, over random tie orders."""
+    m = torch.ones_like(labels, dtype=torch.bool)
+    grads = []
+    torch.manual_seed(0)
+    for k in range(draws):
+        s = scores.clone().requires_grad_(True)
+        fn(s, labels, mask=m, seed=k if seeded else None).backward()
+        grads.append(s.grad[0])
+    return torch.stack(grads)
+
+
+@pytest.mark.parametrize("fn", [L.listmle_loss, L.position_aware_listmle_loss],
+                         ids=["listmle", "position_aware_listmle"])
+@pytest.mark.parametrize("seeded", [True, False], ids=["seeds", "global_rng"])
+def test_listmle_tie_gradient_is_symmetric(fn, seeded):
+    """One click among six zero-labelled items, all scores equal: over random tie orders every
+    non-click must get the same expected gradient, whatever its storage slot. (An arithmetic-
+    progression tie hash gave about [-.16, -.06, .07, .26, .72]: the model learnt storage order.)"""
+    labels = torch.tensor([[0.0, 0.0, 1.0, 0.0, 0.0, 0.0, 0.0]])
+    grads = _mean_tie_gradients(fn, torch.zeros(1, 7), labels, draws=1500, seeded=seeded)
+    others = grads[:, labels[0] == 0]  # [draws, 6]
+    mean, se = others.mean(0), others.std(0) / math.sqrt(others.shape[0])
+    assert float((mean - mean.mean()).abs().max()) < 6 * float(se.max()) + 1e-3, mean.tolist()
+    # shift invariance: the click's expected gradient balances the others
+    assert float(grads.mean(0).sum().abs()) < 1e-5
+
+
+@pytest.mark.parametrize("name", ["softmax", "listmle", "position_aware_listmle", "bce",
+                                  "approx_ndcg", "calibrated_softmax"])
+@pytest.mark.parametrize("weighted", [False, True])
+def test_hand_written_backward_matches_finite_differences(name, weighted):
+    """Softmax CE and ListMLE have analytic backwards, every loss masks through a custom
+    function: torch.autograd.gradcheck compares them with finite differences in float64."""
+    gen = torch.Generator().manual_seed(3)
+    s = torch.randn(4, 6, dtype=torch.float64, generator=gen).requires_grad_(True)
+    y = torch.randint(0, 3, (4, 6), generator=gen).double()
+    m = torch.rand(4, 6, generator=gen) > 0.25
+    w = torch.rand(4, 6, generator=gen, dtype=torch.float64) + 0.5 if weighted else None
+    fn = SPECS[name].fn
+    kw = {"seed": 1} if "listmle" in name else {}
+    assert torch.autograd.gradcheck(
+        lambda x: fn(x, y, mask=m, weights=w, reduction="none", **kw), (s,))
+
+
+def _listmle_exact(s: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Float64 ListMLE of full lists with distinct labels, by ``logcumsumexp`` (exact)."""
+    order = torch.argsort(y, dim=1, descending=True)
+    ss = s.double().gather(1, order)
+    tail = torch.logcumsumexp(ss.flip(1), dim=1).flip(1)
+    return (tail - ss).sum(dim=1)
+
+
+@pytest.mark.parametrize("scale", [1.0, 25.0, 300.0, 3000.0])
+def test_listmle_at_any_score_scale(scale):
+    """Exact (float32 rounding) while a list's scores span < ~180; beyond, each far term is
+    within log L + 1 of the exact one and the gradient still orders the list correctly."""
+    gen = torch.Generator().manual_seed(5)
+    g, length = 64, 12
+    s = (torch.randn(g, length, generator=gen) * scale).requires_grad_(True)
+    y = torch.argsort(torch.rand(g, length, generator=gen), dim=1).float()  # distinct labels
+    m = torch.ones(g, length, dtype=torch.bool)
+    got = L.listmle_loss(s, y, mask=m, reduction="none")
+    exact = _listmle_exact(s.detach(), y)
+    spread = (s.detach().amax(1) - s.detach().amin(1)).double()
+    near = spread < 170
+    torch.testing.assert_close(got.double()[near], exact[near], rtol=2e-5, atol=2e-4)
+    assert ((got.double() - exact).abs() <= length * (math.log(length) + 1.0) + 1e-3).all()
+    got.sum().backward()
+    assert torch.isfinite(s.grad).all()
+    # a gradient step lowers the exact loss, at every scale
+    with torch.no_grad():
+        step = s - 1e-3 * scale * s.grad
+    assert float(_listmle_exact(step, y).sum()) < float(exact.sum())
+
+
+def test_tf_ranking_documented_examples():
+    """The standalone examples of TF-Ranking's Keras losses (y_true [[1, 0]], y_pred [[0.6, 0.8]],
+    and the ragged batch [[1, 0], [0, 1, 0]] / [[.6, .8], [.5, .8, .4]]), with the normalisation
+    differences stated: TF-Ranking's pairwise losses sum the pairs and divide by the number of
+    list slots (batch x list size, padding included), its ApproxNDCG loss is -NDCG."""
+    s1, y1, m1 = torch.tensor([[0.6, 0.8]]), torch.tensor([[1.0, 0.0]]), ALL
+    s2 = torch.tensor([[0.6, 0.8, 0.0], [0.5, 0.8, 0.4]])
+    y2 = torch.tensor([[1.0, 0.0, 0.0], [0.0, 1.0, 0.0]])
+    m2 = torch.tensor([[True, True, False], [True, True, True]])
+    tol = 2e-6
+    # CalibratedSoftmaxLoss(virtual_label=0.1): the exp link, anchor label 0.1
+    _close(L.calibrated_softmax_loss(s1, y1, mask=m1, anchor_label=0.1, link="exp"), 1.1808171,
+           tol)
+    # SoftmaxLoss: per-list CE, mean over lists
+    _close(L.softmax_loss(s1, y1, mask=m1), 0.7981389, tol)
+    _close(L.softmax_loss(s2, y2, mask=m2), 0.83911896, tol)
+    # ListMLELoss: no label tie in the first example; the ragged one has a tie between 0.5 and
+    # 0.4, and TF's documented value is one of its two orders
+    _close(L.listmle_loss(s1, y1, mask=m1), 0.7981389, tol)
+    values = {round(float(L.listmle_loss(s2, y2, mask=m2, seed=k)), 5) for k in range(20)}
+    assert round(1.1613163, 5) in values and len(values) == 2
+    # PairwiseLogisticLoss / PairwiseHingeLoss: Σ pairs / (G x list size)
+    for fn, one, ragged in [(L.ranknet_loss, 0.39906943, 0.3109182), (L.hinge_loss, 0.6, 0.41666666)]:
+        _close(fn(s1, y1, mask=m1) / 2, one, tol)
+        pair_sums = fn(s2, y2, mask=m2, reduction="none") * L.valid_pairs(y2, m2).sum((1, 2))
+        _close(pair_sums.sum() / 6, ragged, tol)
+    # ApproxNDCGLoss (temperature 0.1): -NDCG, ours 1 - NDCG
+    _close(1 - L.approx_ndcg_loss(s1, y1, mask=m1), 0.655107, tol)
+    _close(1 - L.approx_ndcg_loss(s2, y2, mask=m2), 0.80536866, tol)
+
+
+def test_lambdarank_moves_tied_scores():
+    """From a constant score the expected |ΔNDCG| over tie orders is not 0 (averaged ranks gave
+    |Δ discount| = 0 and a zero gradient: a model started at a constant never moved)."""
+    s = torch.zeros(2, 4, requires_grad=True)
+    y = torch.tensor([[1.0, 0.0, 0.0, 0.0], [0.0, 2.0, 1.0, 0.0]])
+    L.lambdarank_loss(s, y, mask=torch.ones(2, 4, dtype=torch.bool)).backward()
+    g = s.grad
+    assert (g[0, 0] < 0).item() and (g[0, 1:] > 0).all()  # raise the click, lower the rest
+    assert (g[1, 1] < g[1, 2]).item() and (g[1, 2] < g[1, 3]).item()
+    # the closed form: a block of 4 tied items, E|d(p) - d(q)| over distinct positions p != q
+    d = [1 / math.log2(1 + r) for r in range(1, 5)]
+    gap = sum(abs(a - b) for a in d for b in d) / 12
+    want = gap * math.log(2.0)  # |ΔG| = 1, softplus(0) = log 2, three pairs averaged
+    _close(L.lambdarank_loss(s.detach()[:1], y[:1], mask=torch.ones(1, 4, dtype=torch.bool)),
+           want, 1e-6)
+
+
+@pytest.mark.parametrize("fn", [L.approx_ndcg_loss, L.neural_ndcg_loss], ids=["approx", "neural"])
+def test_ndcg_losses_constant_weights_change_nothing(fn):
+    """Weights scale each item's gain in the DCG *and* the ideal DCG: a constant weight is a
+    no-op, and the loss stays in [0, 1] (scaling only the DCG made 1 - 3 NDCG negative)."""
+    gen = torch.Generator().manual_seed(0)
+    s = torch.randn(5, 6, generator=gen)
+    y = torch.randint(0, 3, (5, 6), generator=gen).float()
+    m = torch.ones(5, 6, dtype=torch.bool)
+    base = fn(s, y, mask=m, reduction="none")
+    _close(fn(s, y, mask=m, weights=torch.full((5, 6), 3.0), reduction="none"), base, 1e-6)
+    w = torch.rand(5, 6, generator=gen) * 4
+    weighted = fn(s, y, mask=m, weights=w, reduction="none")
+    assert (weighted >= -1e-6).all() and (weighted <= 1 + 1e-6).all()
+
+
+def _flat_sessions(seed: int, n: int = 80, ctr: float = 0.08):
+    gen = torch.Generator().manual_seed(seed)
+    session = torch.randint(0, 14, (n,), generator=gen)
+    z = torch.randn(n, 2, generator=gen, dtype=torch.float64)
+    clicks = (torch.rand(n, generator=gen) < ctr).long()
+    return z, clicks, session
+
+
+def _pad_sessions(z, clicks, session):
+    ids = session.unique()
+    width = max(int((session == i).sum()) for i in ids)
+    logits = torch.zeros(len(ids), width, 2, dtype=z.dtype)
+    labels = torch.zeros(len(ids), width, dtype=z.dtype)
+    mask = torch.zeros(len(ids), width, dtype=torch.bool)
+    for g, i in enumerate(ids):
+        rows = torch.nonzero(session == i).squeeze(1)
+        logits[g, :len(rows)], labels[g, :len(rows)] = z[rows], clicks[rows].to(z.dtype)
+        mask[g, :len(rows)] = True
+    return logits, labels, mask
+
+
+@pytest.mark.parametrize("opposite_only", [False, True])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_jrc_batch_scope_is_easyrec_averaging(seed, opposite_only):
+    """The default averaging is the paper's and Alibaba EasyRec / TorchEasyRec's: L_gen over every
+    impression of the batch (sessions without a click included), checked on a flat batch with
+    session ids against the [B, B] same-session formulation, values and gradients."""
+    z, clicks, session = _flat_sessions(seed)
+    logits, labels, mask = _pad_sessions(z, clicks, session)
+    ours_in = logits.clone().requires_grad_(True)
+    ours = L.jrc_loss(ours_in, labels, mask=mask, opposite_only=opposite_only)
+    theirs = R.ref_jrc_flat(z.tolist(), clicks.tolist(), session.tolist(), opposite_only)
+    _close(ours, theirs, 1e-9)
+    # gradient: the flat formulation written with torch ops, differentiated by autograd
+    zf = z.clone().requires_grad_(True)
+    n = len(clicks)
+    pool = session[:, None] == session[None, :]  # [i, j]: j in i's session
+    if opposite_only:
+        pool &= torch.eye(n, dtype=torch.bool) | (clicks[None, :] != clicks[:, None])
+    col = zf[:, clicks].T  # [i, j] = z_{c_i}(j)
+    lse = torch.logsumexp(col.masked_fill(~pool, float("-inf")), dim=1)
+    flat = (lse - zf[torch.arange(n), clicks]).mean()
+    flat.backward()
+    ours.backward()
+    _close(flat, theirs, 1e-9)
+    grad_padded = torch.zeros_like(z)
+    for g, i in enumerate(session.unique()):
+        rows = torch.nonzero(session == i).squeeze(1)
+        grad_padded[rows] = ours_in.grad[g, :len(rows)]
+    _close(grad_padded, zf.grad, 1e-9)
+    # the "list" scope is a different average: per-list means over two-label lists
+    listed = L.jrc_loss(logits, labels, mask=mask, opposite_only=opposite_only,
+                        reduction_scope="list")
+    assert abs(float(listed) - theirs) > 1e-3
 
 
 # --- HybridLoss, click_logit, configs --------------------------------------------------------

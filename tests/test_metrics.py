@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import warnings
 
 import numpy as np
 import pytest
@@ -24,7 +25,7 @@ from metric_reference import (
 from sklearn.metrics import average_precision_score, ndcg_score, roc_auc_score
 from sklearn.metrics import log_loss as sk_log_loss
 
-from hybridrank.calibration_metrics import auc_from_hist, logit_hist_index
+from hybridrank.calibration_metrics import auc_from_hist, hist_parts
 from hybridrank.metrics import (
     ListMetrics,
     auc,
@@ -416,26 +417,95 @@ def test_streaming_auc_and_quantile_ece_within_stated_bounds():
     want = pure_all(z, y, m)
     pos, cnt = metric.hist_pos, metric.hist_count
     _, auc_bound = auc_from_hist(pos, cnt - pos)
-    assert abs(float(got["auc"]) - float(want["auc"])) <= float(auc_bound) + 1e-12
+    assert float(metric.auc_bound()) <= float(auc_bound)
+    assert abs(float(got["auc"]) - float(want["auc"])) <= float(metric.auc_bound()) + 1e-12
     assert float(auc_bound) < 1e-3
     n = float(cnt.sum())
     ece_bound = 2 * (metric.bins - 1) * float(cnt.max()) / n
     assert abs(float(got["ece"]) - float(want["ece"])) <= ece_bound
 
 
+@pytest.mark.parametrize("shift, scale", [(25.0, 1.0), (-40.0, 1.0), (0.0, 30.0), (1e5, 1.0),
+                                          (0.0, 1e-4)])
+def test_streaming_auc_far_from_zero(shift, scale):
+    """Pure ranking losses leave the logit scale free: the streaming AUC must not care where it
+    lies (a fixed [-16, 16] histogram put every logit of ``z + 25`` in one bin: AUC 0.5)."""
+    z, _, m, _ = random_lists(1, g=2000, graded=False)
+    gen = torch.Generator().manual_seed(11)
+    y = (torch.rand(z.shape, generator=gen, dtype=torch.float64) < torch.sigmoid(2 * z)).double()
+    assert float(auc(z, y, m)) > 0.75  # an informative score: collapsing to 0.5 would show
+    z = z * scale + shift
+    metric = ListMetrics()
+    metric.update(z, y, m)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a tight bound: no warning
+        got = metric.compute()
+    exact = float(auc(z, y, m))
+    assert abs(float(got["auc"]) - exact) <= 1e-3, (float(got["auc"]), exact)
+    assert abs(float(got["auc"]) - exact) <= float(metric.auc_bound()) + 1e-12
+    assert float(metric.auc_bound()) < 1e-3
+    # GAUC and NDCG never used the histogram; quantile ECE within its bound
+    p = torch.sigmoid(z)
+    cnt = metric.hist_count
+    ece_bound = 2 * (metric.bins - 1) * float(cnt.max()) / float(cnt.sum())
+    assert abs(float(got["ece"]) - float(ece(p, y, mask=m))) <= ece_bound
+
+
+def test_streaming_histogram_widens_exactly_across_updates():
+    """Later logits far outside the first batch's range coarsen the bins exactly: streaming equals
+    one shot, whatever the order, and merging two differently-ranged states is exact."""
+    z, y, m, _ = random_lists(2, g=600)
+    z = z.clone()
+    z[300:] = z[300:] * 20 + 50  # the second half lives elsewhere
+    one_shot = ListMetrics()
+    one_shot.update(z, y, m)
+    want = one_shot.compute()
+    for order in (torch.arange(600), torch.arange(599, -1, -1)):
+        streamed = ListMetrics()
+        for idx in order.split(97):
+            streamed.update(z[idx], y[idx], m[idx])
+        torch.testing.assert_close(streamed.hist, one_shot.hist, rtol=0, atol=1e-9)
+        for key, value in streamed.compute().items():
+            assert float(value) == pytest.approx(float(want[key]), abs=1e-12), key
+    a, b = ListMetrics(), ListMetrics()
+    a.update(z[300:], y[300:], m[300:])
+    b.update(z[:300], y[:300], m[:300])
+    a.merge_state(b)
+    torch.testing.assert_close(a.hist, one_shot.hist, rtol=0, atol=1e-9)
+    assert abs(float(want["auc"]) - float(auc(z, y, m))) <= float(one_shot.auc_bound()) + 1e-12
+
+
+def test_streaming_auc_warns_when_its_bound_is_loose():
+    z, y, m, _ = random_lists(3, g=500, graded=False)
+    z = z.clone()
+    z[0, 0] = 1e6  # one absurd outlier stretches the range: every other logit shares a bin
+    metric = ListMetrics()
+    metric.update(z, y, m)
+    with pytest.warns(UserWarning, match="streaming AUC is only known to within"):
+        got = metric.compute()
+    assert abs(float(got["auc"]) - float(auc(z, y, m))) <= float(metric.auc_bound()) + 1e-12
+    # exact ties are no error: a constant model has bound 0 and no warning
+    const = ListMetrics()
+    const.update(torch.full_like(z, 3.0), y, m)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert float(const.compute()["auc"]) == 0.5
+    assert float(const.auc_bound()) == 0.0
+
+
 def test_streaming_quantile_ece_exact_with_one_value_per_fine_bin():
-    metric = ListMetrics(hist_bins=1024, logit_range=8.0)
-    width = 16.0 / 1024
     gen = torch.Generator().manual_seed(3)
-    centers = torch.randperm(1024, generator=gen)[:600].double()
-    z = (-8.0 + (centers + 0.5) * width).reshape(60, 10)
+    centers = torch.randperm(4096, generator=gen)[:600].double()
+    z = (-8.0 + centers / 256).reshape(60, 10)  # 600 distinct logits on a 1/256 grid
     y = (torch.rand(60, 10, generator=gen) < torch.sigmoid(z)).double()
     m = torch.ones(60, 10, dtype=torch.bool)
+    metric = ListMetrics(hist_bins=8192)
     metric.update(z, y, m)
     got = metric.compute()
     assert float(got["ece"]) == pytest.approx(float(ece(torch.sigmoid(z), y)), abs=1e-12)
     assert float(got["auc"]) == pytest.approx(float(auc(z, y)), abs=1e-12)
-    assert logit_hist_index(z.reshape(-1), 1024, 8.0).unique().numel() == 600
+    _, _, count, *_ = hist_parts(metric.hist)
+    assert int((count > 0).sum()) == 600 and float(metric.auc_bound()) == 0.0
 
 
 @given(st.integers(0, 10_000), st.lists(st.integers(1, 299), max_size=6))

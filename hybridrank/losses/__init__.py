@@ -33,7 +33,16 @@ positive, with a single item, with all labels equal, or fully masked contribute 
 not enter the mean; a batch where no list has anything to learn gives 0 with finite (zero)
 gradients, never NaN. Exceptions, each by design: BCE counts every real impression; calibrated
 softmax (with ``anchor_label > 0``) counts every non-empty list, because the anchor gives even a
-click-less list a target; JRC counts lists with both a click and a non-click.
+click-less list a target; JRC with its default ``reduction_scope="batch"`` (the paper's and
+EasyRec's averaging) is a mean over every real impression like BCE, and with ``"list"`` counts
+lists with both a click and a non-click.
+
+The pCTR link is ``σ(logit)`` everywhere (:meth:`HybridLoss.click_logit`); every term that
+claims calibration is calibrated for that link (calibrated softmax uses ``log σ(s)`` as its
+scores by default, see :func:`calibrated_softmax_loss`).
+
+Randomness: ListMLE orders tied labels at random at every call (torch's global generator, or a
+``seed``); nothing else is random.
 
 Bad input (shape/dtype mismatch, non-bool mask, non-float labels, wrong number of outputs, and in
 ``HybridLoss`` labels outside ``[0, label_max]`` or NaN) raises ``ValueError`` naming the argument.

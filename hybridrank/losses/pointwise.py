@@ -60,8 +60,8 @@ def bce_loss(
     0.6931
     """
     check_inputs(logits, labels, mask, weights, reduction)
-    s, y, w = prepare(logits, labels, mask, weights)
+    s, y, w, m = prepare(logits, labels, mask, weights)
     t = pointwise_target(y, target, label_max)
     per_item = F.binary_cross_entropy_with_logits(s, t, reduction="none")
     per_list = (w * per_item).sum(dim=1)
-    return reduce_lists(per_list, mask.any(dim=1), reduction, denom=w.sum())
+    return reduce_lists(per_list, m.sum(dim=1) > 0, reduction, denom=w.sum())
