@@ -96,7 +96,7 @@ def _shipped(name: str) -> HybridLoss:
     hydra_utils = pytest.importorskip("hydra.utils")
     omegaconf = pytest.importorskip("omegaconf")
     node = omegaconf.OmegaConf.load(CONF / f"{name}.yaml")
-    cfg = omegaconf.OmegaConf.create({"data": {"label_max": 1}, "loss": node})
+    cfg = omegaconf.OmegaConf.create({"data": {"source": {"label_max": 1}}, "loss": node})
     return hydra_utils.instantiate(cfg.loss)
 
 
