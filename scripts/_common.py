@@ -298,13 +298,18 @@ def fit_lightgbm(objective: str, splits, params: Mapping[str, Any], *, max_round
     """LightGBM ``binary`` (on label > 0, early stopping on the val log loss) or ``lambdarank``
     (graded labels, early stopping on the val NDCG@10), categorical ids as categorical features.
 
+    ``params`` may hold ``categorical=False``: the id codes are then plain numeric columns.
+
     Returns ``{"fit_seconds"`` (Dataset construction + boosting with early stopping),
     ``"best_iteration", "z_val", "z_test"}``: raw scores, the logit for ``binary``.
     """
     import lightgbm as lgb
     import numpy as np
 
+    params = dict(params)
+    categorical = params.pop("categorical", True)
     x_tr, y_tr, g_tr, cats = lgbm_arrays(splits.train)
+    cats = cats if categorical else []
     x_va, y_va, g_va, _ = lgbm_arrays(splits.val)
     t0 = time.perf_counter()
     if objective == "lambdarank":
