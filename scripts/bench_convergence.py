@@ -74,22 +74,29 @@ TRAINER = ["trainer.max_epochs=12", "callbacks.early_stopping.patience=2"]
 #: Per-scorer settings, chosen on VALIDATION log loss by ``--tune`` (results/convergence_tune.json;
 #: the grid and the choice are in docs/BENCHMARKS.md). The same setting at every size.
 SETTINGS: dict[str, list[str]] = {
-    "mlp": [],
-    "fm": [],
-    "deepfm": [],
-    "dcnv2": [],
-    "list_aware": [],
+    "mlp": ["optimizer=adam", "model.optimizer.weight_decay=0.0001", "data.budget=1024"],
+    "fm": ["optimizer=adam", "model.optimizer.lr=0.01"],
+    "deepfm": ["optimizer=adam", "model.optimizer.lr=0.005", "model.optimizer.weight_decay=0.0001"],
+    "dcnv2": ["optimizer=adam", "model.optimizer.weight_decay=0.0001", "data.budget=1024"],
+    "list_aware": ["optimizer=adam", "model.optimizer.lr=0.005",
+                   "model.optimizer.weight_decay=0.0001"],
 }
-#: LightGBM settings (both objectives), chosen on validation by ``--tune``.
-LGBM_PARAMS = dict(learning_rate=0.05, num_leaves=31, min_data_in_leaf=20, num_threads=2,
-                   seed=0, deterministic=True, force_row_wise=True, verbose=-1)
+#: LightGBM: what every setting shares (bench_letor.py's settings; LightGBM's own defaults for
+#: the categorical options), and the setting chosen on validation by ``--tune`` (both objectives)
+LGBM_BASE = dict(learning_rate=0.05, num_leaves=31, min_data_in_leaf=20, num_threads=2, seed=0,
+                 deterministic=True, force_row_wise=True, verbose=-1)
+LGBM_PARAMS = {**LGBM_BASE, **dict(num_leaves=15, min_data_in_leaf=200, cat_smooth=200, cat_l2=200,
+                                   min_data_per_group=200)}
 LGBM_ROUNDS, LGBM_PATIENCE = 3000, 50
 
 LABELS = {"mlp": "hybridrank mlp", "fm": "hybridrank fm", "deepfm": "hybridrank deepfm",
           "dcnv2": "hybridrank dcnv2", "list_aware": "hybridrank list_aware",
           DEFAULT: "default mlp (bce_softmax, 3 epochs)", "lgbm_binary": "LightGBM binary",
           "lgbm_lambdarank": "LightGBM lambdarank", "oracle": "oracle (true pCTR)",
-          "base_rate": "base rate"}
+          "base_rate": "base rate",
+          "no_interaction": "*reference:* true model without its user-item term",
+          "reference_mf": "*reference:* well-specified MF (not a hybridrank scorer)"}
+REFERENCES = ("no_interaction", "reference_mf")
 #: scores that are not probabilities by design: calibration columns flagged
 UNCALIBRATED = {"lgbm_lambdarank"}
 METRICS = ("logloss", "ndcg@10", "ece", "pcoc")
@@ -201,7 +208,7 @@ def hybrid_overrides(model: str, quick: bool, extra: list[str] | None = None) ->
 
 def run_model(model: str, splits, args, extra=None, lgbm_params=None) -> dict:
     if model in LGBM:
-        params = {**LGBM_PARAMS, **(lgbm_params or {})}
+        params = LGBM_PARAMS if lgbm_params is None else {**LGBM_BASE, **lgbm_params}
         rounds = 100 if args.quick else LGBM_ROUNDS
         r = C.fit_lightgbm(model.removeprefix("lgbm_"), splits, params, max_rounds=rounds,
                            patience=LGBM_PATIENCE)
@@ -210,6 +217,120 @@ def run_model(model: str, splits, args, extra=None, lgbm_params=None) -> dict:
     val = C.evaluate(splits.val, r["z_val"].float(), empties=("skip",))["skip"]
     r["val"] = {k: val[k] for k in ("logloss", "ndcg@10", "ece", "pcoc") if k in val}
     return r
+
+
+# ----------------------------------------------------------------------------------------------
+# two references that separate what the data allows from what the scorers learn
+# ----------------------------------------------------------------------------------------------
+def no_interaction_truth(size: int, quick: bool, test) -> torch.Tensor:
+    """Logits of the true model WITHOUT its user-item affinity term, on the test impressions.
+
+    The simulator draws every random number whatever ``affinity_scale`` is, so
+    ``simulate_clicklog(affinity_scale=0, ...)`` lists the same impressions in the same order
+    with ``p_true`` = the true model minus the affinity term (its intercept re-solved to the same
+    mean CTR). Test rows are found by (request id, position); their item ids are checked.
+    """
+    import numpy as np
+    from omegaconf import OmegaConf
+
+    from hybridrank.simulate import simulate_clicklog
+
+    cfg = C.compose_config(["paths.output_dir=/tmp", *sim_overrides(size, quick)])
+    kw = {k: v for k, v in OmegaConf.to_container(cfg.data.source, resolve=True).items()
+          if k not in ("_target_", "split", "label_max", "position_feature", "schema")}
+    frame = simulate_clicklog(**{**kw, "affinity_scale": 0.0})
+    req = frame["request_id"].to_numpy()
+    keys = test.request_key.to_numpy()
+    starts = np.searchsorted(req, keys)
+    rows = (starts[test.request_of_row().numpy()] + test.position.numpy() - 1).astype(np.int64)
+    if not np.array_equal(frame["item_id"].to_numpy()[rows], test.item_key.to_numpy()):
+        raise RuntimeError("no_interaction_truth: test rows do not match the simulated frame")
+    return torch.logit(torch.from_numpy(frame["p_true"].to_numpy()[rows]), eps=1e-7)
+
+
+class _ReferenceMF(torch.nn.Module):
+    """The simulator's own structure: a rank-8 user . (item + category) product, user / item
+    biases, one weight per position and per hour, linear in the other numeric features."""
+
+    def __init__(self, sizes: list[int], n_hours: int, n_numeric: int, base_rate: float, k: int = 8):
+        super().__init__()
+        emb = torch.nn.Embedding
+        self.u, self.i, self.c = emb(sizes[0], k), emb(sizes[1], k), emb(sizes[2], k)
+        for e in (self.u, self.i, self.c):
+            torch.nn.init.normal_(e.weight, std=0.1)
+        self.ub, self.ib = emb(sizes[0], 1), emb(sizes[1], 1)
+        self.pb, self.hb = emb(21, 1), emb(n_hours, 1)
+        for e in (self.ub, self.ib, self.pb, self.hb):
+            torch.nn.init.zeros_(e.weight)
+        self.lin = torch.nn.Linear(n_numeric, 1)
+        torch.nn.init.zeros_(self.lin.weight)
+        torch.nn.init.constant_(self.lin.bias, math.log(base_rate / (1 - base_rate)))
+
+    def forward(self, f):
+        u, i, c, pos, hour, x = f
+        return ((self.u(u) * (self.i(i) + self.c(c))).sum(1) + self.ub(u)[:, 0] + self.ib(i)[:, 0]
+                + self.pb(pos)[:, 0] + self.hb(hour)[:, 0] + self.lin(x)[:, 0])
+
+    def penalty(self, f):
+        """Frequency-weighted L2: the squared norms of the rows a batch uses, averaged."""
+        u, i, c = f[0], f[1], f[2]
+        return ((self.u(u) ** 2).sum(1) + (self.i(i) ** 2).sum(1) + (self.c(c) ** 2).sum(1)
+                + self.ub(u)[:, 0] ** 2 + self.ib(i)[:, 0] ** 2).mean()
+
+
+#: L2 strengths of the reference learner, one chosen per size on the validation log loss
+REF_LAMBDAS = (0.0003, 0.001, 0.003, 0.01)
+
+
+def fit_reference_mf(splits, quick: bool) -> dict:
+    """A well-specified reference learner (not a hybridrank scorer): :class:`_ReferenceMF`, Adam
+    lr 0.01, batches of 8,192 impressions, early stopping (patience 3) and the L2 strength
+    (:data:`REF_LAMBDAS`) on the validation log loss. Shows what the data allows."""
+    import torch.nn.functional as F
+
+    names = list(splits.schema.numeric)
+    h = names.index("hour")
+    other = [j for j, n in enumerate(names) if n not in ("hour", "position")]
+    hours = torch.unique(torch.cat([d.num[:, h] for d in (splits.train, splits.val, splits.test)]))
+    sizes = [len(splits.schema.vocab[c]) + 1 for c in splits.schema.categorical]
+
+    def feats(d):
+        return (d.cat[:, 0], d.cat[:, 1], d.cat[:, 2], d.position.clamp(max=20),
+                torch.bucketize(d.num[:, h].contiguous(), hours), d.num[:, other])
+
+    tr, va = feats(splits.train), feats(splits.val)
+    y_tr, y_va = (splits.train.label > 0).float(), (splits.val.label > 0).float()
+    n = y_tr.numel()
+    best: dict = {"val": math.inf}
+    t0 = time.perf_counter()
+    for lam in (REF_LAMBDAS[:2] if quick else REF_LAMBDAS):
+        torch.manual_seed(0)
+        m = _ReferenceMF(sizes, hours.numel(), len(other), float(y_tr.mean()))
+        opt = torch.optim.Adam(m.parameters(), lr=0.01)
+        run_best, bad, state, epoch_best = math.inf, 0, None, 0
+        for epoch in range(2 if quick else 60):
+            for b in torch.randperm(n).split(8192):
+                f = [x[b] for x in tr]
+                loss = F.binary_cross_entropy_with_logits(m(f), y_tr[b]) + lam * m.penalty(f)
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+            with torch.no_grad():
+                v = F.binary_cross_entropy_with_logits(m(va), y_va).item()
+            if v < run_best - 1e-7:
+                run_best, bad, epoch_best = v, 0, epoch + 1
+                state = {k: t.clone() for k, t in m.state_dict().items()}
+            else:
+                bad += 1
+                if bad >= 3:
+                    break
+        if run_best < best["val"]:
+            m.load_state_dict(state)
+            with torch.no_grad():
+                best = {"val": run_best, "lambda": lam, "best_epoch": epoch_best,
+                        "z_val": m(va).double(), "z_test": m(feats(splits.test)).double()}
+    best["fit_seconds"] = time.perf_counter() - t0  # the whole lambda grid
+    return best
 
 
 def _iv(iv) -> dict:
@@ -250,6 +371,17 @@ def run_size(size: int, models: list[str], args) -> dict:
                  else f", {r['best_iteration']} rounds")
               + f" | wall {time.perf_counter() - t:.0f} s", flush=True)
     test = splits.test
+    if args.references:
+        t = time.perf_counter()
+        logits["no_interaction"] = no_interaction_truth(size, args.quick, test)
+        ref = fit_reference_mf(splits, args.quick)
+        logits["reference_mf"] = ref.pop("z_test")
+        val = C.evaluate(splits.val, ref.pop("z_val").float(), empties=("skip",))["skip"]
+        runs["reference_mf"] = {"fit_seconds": ref["fit_seconds"], "lambda": ref["lambda"],
+                                "best_epoch": ref["best_epoch"],
+                                "val": {k: val[k] for k in ("logloss", "ndcg@10", "ece", "pcoc")}}
+        print(f"  [{size}x] references: reference MF lambda {ref['lambda']} val logloss "
+              f"{val['logloss']:.5f} | wall {time.perf_counter() - t:.0f} s", flush=True)
     rate = float((test.label > 0).double().mean())
     logits["oracle"] = torch.logit(test.true_p.double(), eps=1e-7)
     logits["base_rate"] = torch.full((test.n_impressions,), math.log(rate / (1 - rate)),
@@ -301,7 +433,7 @@ def size_table(res: dict) -> str:
     runs, test, gap = res["runs"], res["test"], res["gap"]
     base_time = runs.get("lgbm_binary", {}).get("fit_seconds")
     rows = []
-    for m in [*ALL_MODELS, "oracle", "base_rate"]:
+    for m in [*ALL_MODELS, *REFERENCES, "oracle", "base_rate"]:
         if m not in test:
             continue
         flag = " †" if m in UNCALIBRATED else ""
@@ -310,6 +442,7 @@ def size_table(res: dict) -> str:
         ratio = f"{secs / base_time:.1f}×" if secs and base_time else ""
         fit = ("" if secs is None else f"{secs:.0f}"
                + (f" ({r['best_epoch']}/{r['epochs']} ep)" if "epochs" in r
+                  else f" (λ {r['lambda']}, grid of {len(REF_LAMBDAS)})" if "lambda" in r
                   else f" ({r['best_iteration']} rounds)"))
         g = gap.get(m, {})
         rows.append([LABELS[m], _fmt(test[m]["logloss"]) + flag,
@@ -331,7 +464,7 @@ def summary_table(results: list[dict]) -> str:
     sizes = [r["size"] for r in results]
     header = ["model"] + [f"log-loss gap {s}x" for s in sizes] + [f"NDCG@10 gap {s}x" for s in sizes]
     rows = []
-    for m in [*ALL_MODELS, "base_rate"]:
+    for m in [*ALL_MODELS, *REFERENCES, "base_rate"]:
         if not any(m in r["gap"] for r in results):
             continue
         flag = " †" if m in UNCALIBRATED else ""
@@ -348,7 +481,7 @@ def shrink_lines(results: list[dict]) -> list[str]:
         return []
     a, b = results[0], results[-1]
     lines = []
-    for m in [*HYBRID, DEFAULT, *LGBM]:
+    for m in [*HYBRID, DEFAULT, *LGBM, "reference_mf"]:
         parts = []
         for metric, name in (("logloss", "log-loss gap"), ("ndcg@10", "NDCG gap")):
             if m in UNCALIBRATED and metric == "logloss":
@@ -377,7 +510,7 @@ def goal_lines(results: list[dict]) -> list[str]:
              "LightGBM binary on test log loss and LightGBM lambdarank on test NDCG@10 at every "
              "size, and at the largest size closes at least half of the default MLP's log-loss "
              "gap to Bayes."]
-    ok_all = True
+    ok_all = ok_sig = True
     for r in results:
         best = r.get("best")
         if not best:
@@ -390,11 +523,15 @@ def goal_lines(results: list[dict]) -> list[str]:
                 lines.append(f"- {r['size']}x: no {LABELS[lg]} row")
                 continue
             wins = c["diff"] * better > 0
+            sig = c["p_value"] is not None and c["p_value"] < 0.05
             ok_all &= wins
+            ok_sig &= wins and sig
             lines.append(f"- {r['size']}x: {LABELS[best]} vs {LABELS[lg]}, {metric}: "
                          f"{c['a']:.4f} vs {c['b']:.4f}, difference {_fmt_gap(c)} "
-                         f"(p = {c['p_value']:.3g}, {c['verdict']}) -> "
-                         f"{'beats' if wins else 'does NOT beat'}")
+                         f"(paired p = {c['p_value']:.3g}) -> "
+                         + ("beats it, significant at 5 %" if wins and sig else
+                            "ahead, NOT significant" if wins else
+                            "behind, significant at 5 %" if sig else "behind, NOT significant"))
     first, last = results[0], results[-1]
     ref = first["gap"].get(DEFAULT, {}).get("logloss")
     best = last.get("best")
@@ -403,6 +540,7 @@ def goal_lines(results: list[dict]) -> list[str]:
         closed = 1 - g["diff"] / ref["diff"]
         met = closed >= 0.5
         ok_all &= met
+        ok_sig &= met
         lines.append(f"- {last['size']}x: {LABELS[best]}'s gap to Bayes {g['diff']:.4f} "
                      f"[{g['lower']:.4f}, {g['upper']:.4f}] vs the default MLP's {ref['diff']:.4f} at "
                      f"{first['size']}x: {100 * closed:.0f} % of it closed (goal ≥ 50 %) -> "
@@ -412,13 +550,44 @@ def goal_lines(results: list[dict]) -> list[str]:
             lines.append(f"  (against the default MLP trained on the same {last['size']}x data, "
                          f"gap {ref_l['diff']:.4f}: {100 * (1 - g['diff'] / ref_l['diff']):.0f} % "
                          "of it closed)")
-    lines.append(f"**Verdict: {'goal met' if ok_all else 'goal NOT met'}.**")
+    verdict = ("goal met" if ok_sig else
+               "goal met on point estimates only (some margins are not significant)" if ok_all
+               else "goal NOT met")
+    lines.append(f"**Verdict: {verdict}.**")
     return lines
 
 
 # ----------------------------------------------------------------------------------------------
 # --tune: the validation grid
 # ----------------------------------------------------------------------------------------------
+def print_choice(done: dict) -> dict[str, str]:
+    """One setting per model: the smallest mean excess validation log loss over the tuned sizes
+    (excess = a setting's val log loss minus the best one's at that size; only settings run at
+    every size). LightGBM lambdarank is chosen on the validation NDCG@10 instead."""
+    sizes = [k for k in done if k.endswith("x")]
+    models = sorted({m for k in sizes for m in done[k] if m != "oracle"})
+    choice = {}
+    for m in models:
+        key = "ndcg@10" if m == "lgbm_lambdarank" else "logloss"
+        sign = -1.0 if key == "ndcg@10" else 1.0
+        names = [n for n in done[sizes[0]].get(m, {}) if all(n in done[k].get(m, {}) for k in sizes)]
+        if not names:
+            continue
+        excess = {}
+        for n in names:
+            vals = []
+            for k in sizes:
+                best = min(sign * r["val"][key] for r in done[k][m].values())
+                vals.append(sign * done[k][m][n]["val"][key] - best)
+            excess[n] = sum(vals) / len(vals)
+        ranked = sorted(excess, key=excess.get)
+        choice[m] = ranked[0]
+        print(f"choice {m}: {ranked[0]!r} (mean excess val {key} {excess[ranked[0]]:.5f}; "
+              f"runner-up {ranked[1]!r} {excess[ranked[1]]:.5f}; {len(names)} settings at "
+              f"{', '.join(sizes)})" if len(ranked) > 1 else f"choice {m}: {ranked[0]!r}")
+    return choice
+
+
 def tune(args) -> None:
     out_path = Path(args.out).with_name("convergence_tune.json")
     done = json.loads(out_path.read_text()) if out_path.exists() else {}
@@ -456,6 +625,7 @@ def tune(args) -> None:
                       f"{row.get('best_epoch', row.get('best_iteration'))}/{row.get('epochs', '')}"
                       f" (wall {time.perf_counter() - t:.0f} s)", flush=True)
     print(f"\nJSON: {out_path}")
+    print_choice(done)
     for key, per in done.items():
         for m, rows in per.items():
             print(f"\n{key} {m} (sorted by val log loss)")
@@ -475,6 +645,8 @@ def main(argv: list[str] | None = None) -> None:
                    "2 epochs, 100 boosting rounds, 200 bootstrap replicates; no docs")
     p.add_argument("--tune", action="store_true", help="run the validation grid instead")
     p.add_argument("--tune-configs", nargs="*", default=None, help="only these grid entries")
+    p.add_argument("--no-references", dest="references", action="store_false",
+                   help="leave out the two reference rows (no-interaction truth, reference MF)")
     p.add_argument("--n-boot", type=int, default=1000)
     p.add_argument("--seed", type=int, default=0, help="bootstrap seed")
     p.add_argument("--threads", type=int, default=2, help="torch intra-op threads")
