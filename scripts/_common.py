@@ -19,6 +19,7 @@ import platform
 import re
 import statistics
 import tempfile
+import time
 import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -217,3 +218,139 @@ def summarize(per_fold: Mapping[int, Mapping[str, float]], keys: Sequence[str]) 
         mu, sd = mean_std(vals)
         out[k] = {"mean": mu, "std": sd, "folds": vals}
     return out
+
+
+# ----------------------------------------------------------------------------------------------
+# shared-data training, LightGBM with categorical features, bootstrap statistics
+# (bench_convergence.py, bench_real.py)
+# ----------------------------------------------------------------------------------------------
+def load_splits(overrides: Sequence[str]):
+    """The ``Splits`` of the data config selected by ``overrides`` (loaded once, shared by runs)."""
+    import hydra
+
+    cfg = compose_config(["paths.output_dir=/tmp", *overrides])
+    return hydra.utils.instantiate(cfg.data.source).load()
+
+
+def fit_hybrid(overrides: Sequence[str], splits, *, keep_dir: str | Path | None = None
+               ) -> dict[str, Any]:
+    """Train one hybridrank model on already loaded ``splits``; time the fit alone.
+
+    The config is composed from ``overrides`` as :func:`train_hybrid` does; its ``data`` node
+    supplies the batching keys, ``splits`` the data (so several models share one load and their
+    train times exclude it). ``fit_seconds`` is ``trainer.fit`` (training epochs plus the
+    per-epoch validation that drives early stopping and the checkpoint choice), the counterpart
+    of LightGBM's ``lgb.train`` with early stopping.
+
+    Returns ``{"fit_seconds", "epochs", "best_epoch", "val": best-checkpoint val metrics,
+    "z_val", "z_test"}`` (flat ``[N]`` pCTR logits of the best checkpoint, storage order).
+    """
+    import hydra
+    import pytorch_lightning as pl
+    from omegaconf import OmegaConf
+
+    from hybridrank.cli import build_model, build_trainer
+    from hybridrank.module import HybridRanker
+
+    with tempfile.TemporaryDirectory(prefix="hybridrank-bench-") as tmp:
+        out = Path(keep_dir) if keep_dir is not None else Path(tmp)
+        cfg = compose_config([f"paths.output_dir={out}", "trainer.enable_progress_bar=false",
+                              "logger=none", *overrides])
+        pl.seed_everything(int(cfg.seed), workers=True, verbose=False)
+        node = OmegaConf.to_container(cfg.data, resolve=True)
+        node.pop("source", None)
+        datamodule = hydra.utils.get_class(node.pop("_target_"))(splits=splits, **node)
+        model = build_model(cfg, datamodule)
+        trainer = build_trainer(cfg)
+        t0 = time.perf_counter()
+        trainer.fit(model, datamodule=datamodule)
+        fit_seconds = time.perf_counter() - t0
+        ckpt = trainer.checkpoint_callback
+        best = ckpt.best_model_path if ckpt is not None else ""
+        if not best:
+            raise RuntimeError("the fit kept no checkpoint; the benchmark needs callbacks=default")
+        best_epoch = int(re.search(r"epoch(\d+)", Path(best).name).group(1)) + 1
+        model = HybridRanker.load_from_checkpoint(best, map_location="cpu", weights_only=True)
+        z_val = model.predict_split(splits.val)[0]
+        z_test = model.predict_split(splits.test)[0]
+    return {"fit_seconds": fit_seconds, "epochs": int(trainer.current_epoch),
+            "best_epoch": best_epoch, "z_val": z_val, "z_test": z_test}
+
+
+def lgbm_arrays(data) -> tuple[Any, Any, Any, list[int]]:
+    """(features [N, F + C] float64, labels [N], group sizes [R], categorical column indices).
+
+    Numeric features first, then the categorical codes (0 = out of vocabulary), which LightGBM
+    treats as categorical features (its own category splits), so trees see the ids the
+    embeddings see.
+    """
+    import numpy as np
+
+    num = data.num.double().numpy()
+    cat = data.cat.double().numpy() if data.cat is not None and data.cat.numel() else None
+    x = num if cat is None else np.concatenate([num, cat], axis=1)
+    cats = [] if cat is None else list(range(num.shape[1], x.shape[1]))
+    return x, data.label.double().numpy(), data.lengths.long().numpy(), cats
+
+
+def fit_lightgbm(objective: str, splits, params: Mapping[str, Any], *, max_rounds: int = 2000,
+                 patience: int = 50) -> dict[str, Any]:
+    """LightGBM ``binary`` (on label > 0, early stopping on the val log loss) or ``lambdarank``
+    (graded labels, early stopping on the val NDCG@10), categorical ids as categorical features.
+
+    ``params`` may hold ``categorical=False``: the id codes are then plain numeric columns.
+
+    Returns ``{"fit_seconds"`` (Dataset construction + boosting with early stopping),
+    ``"best_iteration", "z_val", "z_test"}``: raw scores, the logit for ``binary``.
+    """
+    import lightgbm as lgb
+    import numpy as np
+
+    params = dict(params)
+    categorical = params.pop("categorical", True)
+    x_tr, y_tr, g_tr, cats = lgbm_arrays(splits.train)
+    cats = cats if categorical else []
+    x_va, y_va, g_va, _ = lgbm_arrays(splits.val)
+    t0 = time.perf_counter()
+    if objective == "lambdarank":
+        p = dict(objective="lambdarank", metric="ndcg", eval_at=[10], **params)
+        train_set = lgb.Dataset(x_tr, y_tr, group=g_tr, categorical_feature=cats, free_raw_data=False)
+        val_set = lgb.Dataset(x_va, y_va, group=g_va, reference=train_set, categorical_feature=cats)
+    elif objective == "binary":
+        p = dict(objective="binary", metric="binary_logloss", **params)
+        train_set = lgb.Dataset(x_tr, (y_tr > 0).astype(np.float64), categorical_feature=cats,
+                                free_raw_data=False)
+        val_set = lgb.Dataset(x_va, (y_va > 0).astype(np.float64), reference=train_set,
+                              categorical_feature=cats)
+    else:
+        raise ValueError(f"objective must be 'binary' or 'lambdarank', got {objective!r}")
+    booster = lgb.train(p, train_set, num_boost_round=max_rounds, valid_sets=[val_set],
+                        callbacks=[lgb.early_stopping(patience, verbose=False)])
+    fit_seconds = time.perf_counter() - t0
+    it = booster.best_iteration
+
+    def score(data) -> torch.Tensor:
+        raw = booster.predict(lgbm_arrays(data)[0], num_iteration=it, raw_score=True)
+        return torch.from_numpy(np.asarray(raw, dtype=np.float64))
+
+    return {"fit_seconds": fit_seconds, "best_iteration": int(it), "z_val": score(splits.val),
+            "z_test": score(splits.test)}
+
+
+def split_stats(data, logits: torch.Tensor, *, ks: Sequence[int] = (10,), empty: str = "skip"):
+    """Per-request ranking + calibration statistics of flat ``[N]`` logits on a split
+    (:mod:`hybridrank.uncertainty`): ``ndcg@k``, ``map``, ``mrr``, ``gauc`` of the logits and
+    ``logloss``, ``ne``, ``pcoc``, ``ece`` (15 quantile bins), ``ctr`` of ``sigmoid(logit)``,
+    binary relevance label > 0 for the calibration metrics. Same conventions as :func:`evaluate`."""
+    from hybridrank.lists import gather_lists, pad_index
+    from hybridrank.uncertainty import calibration_stats, ranking_stats
+
+    index, mask = pad_index(data.lengths)
+    z = gather_lists(logits.double(), index, mask)
+    y = gather_lists(data.label.double(), index, mask)
+    rank = ranking_stats(z, y, mask, ks=tuple(ks), gain=BASE_METRICS["gain"], empty=empty,
+                         ties=BASE_METRICS["ties"])
+    p = torch.sigmoid(z).masked_fill(~mask, 0.0)
+    cal = calibration_stats(p, (y > 0).double(), mask, bins=BASE_METRICS["bins"],
+                            binning=BASE_METRICS["binning"])
+    return rank.merge(cal)

@@ -1,0 +1,258 @@
+"""The scorers on real data: MQ2008 (5 folds), the MSLR-WEB subset and the Open Bandit sample.
+
+Every hybridrank scorer (``mlp``, ``fm``, ``deepfm``, ``dcnv2``, ``list_aware``) with each loss of
+``--losses`` (default ``bce``, the pointwise anchor, and ``bce_softmax``, the default hybrid),
+next to LightGBM ``binary`` and ``lambdarank`` trained in the same run on the same splits, all
+scored by the same code. Train time is the fit alone (hybridrank: ``trainer.fit`` with its
+per-epoch validation; LightGBM: Dataset construction + boosting with early stopping), reported
+as a ratio to LightGBM binary's in the same run.
+
+- **MQ2008**: the standard 5 folds built from the parts S1..S5 (as ``bench_letor.py``),
+  ``experiment=letor`` (tuned on Fold1's validation part for the MLP: hidden [64, 32], dropout
+  0.1, Adam 1e-3, batches of ~1,024 impressions, at most 60 epochs, early stopping with patience
+  8 on the validation log loss); every scorer takes those settings (``fm`` has no hidden layers
+  or dropout). Mean ± std over folds, and 95 % bootstrap intervals over the 784 test queries of
+  the five folds pooled (each query is in exactly one fold's test part), with paired differences
+  against LightGBM.
+- **MSLR subset** (43 training queries, a hash-split ~9 of them for validation, 43 test queries)
+  and **Open Bandit** (the uniform-random ``all`` campaign, 10,000 impressions, pseudo-requests
+  of user features x day): the same small-data settings (``SMALL_DATA``), one split, intervals
+  over the test requests. These data sets are tiny: read their intervals before their means.
+
+LightGBM: lr 0.05, 31 leaves, early stopping after 50 rounds (binary: on the validation log
+loss; lambdarank: on the validation NDCG@10), categorical columns (Open Bandit's item and user
+features) as LightGBM categorical features.
+
+Usage::
+
+    python scripts/bench_real.py                           # all three data sets (~30 min, 2 cores)
+    python scripts/bench_real.py --datasets mq2008 --folds 1 --models mlp lgbm_binary
+    python scripts/bench_real.py --quick                   # smoke test: fold 1, 3 epochs
+
+Writes ``results/real.json`` (``--out``), prints Markdown tables and (unless ``--no-docs`` or
+``--quick``) rewrites the "Scorers on real data" section of ``docs/BENCHMARKS.md``.
+"""
+
+from __future__ import annotations
+
+import os
+
+# Before torch and LightGBM load OpenMP: idle OpenMP threads sleep instead of spinning. On a
+# shared, oversubscribed machine spinning threads slowed LightGBM (2 threads) up to 100x in the
+# same run (MQ2008 fold 1: 82 s vs 0.6 s), which would make any time ratio meaningless.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
+from types import SimpleNamespace  # noqa: E402
+
+import _common as C  # noqa: E402
+import torch  # noqa: E402
+
+HYBRID = ("mlp", "fm", "deepfm", "dcnv2", "list_aware")
+LGBM = ("lgbm_binary", "lgbm_lambdarank")
+UNCALIBRATED = {"lgbm_lambdarank"}
+LGBM_PARAMS = dict(learning_rate=0.05, num_leaves=31, min_data_in_leaf=20, num_threads=2,
+                   seed=0, deterministic=True, force_row_wise=True, verbose=-1)
+#: the small-data settings of experiment=letor, for the data sets it does not select
+SMALL_DATA = ["model.scorer.hidden=[64,32]", "model.scorer.dropout=0.1", "model.optimizer.lr=0.001",
+              "data.budget=1024", "trainer.max_epochs=60", "callbacks.early_stopping.patience=8"]
+DATASETS = ("mq2008", "mslr", "open_bandit")
+TITLES = {"mq2008": "MQ2008, 5 folds", "mslr": "MSLR-WEB subset", "open_bandit": "Open Bandit sample"}
+
+
+def label(model: str, loss: str | None) -> str:
+    if model == "lgbm_binary":
+        return "LightGBM binary"
+    if model == "lgbm_lambdarank":
+        return "LightGBM lambdarank"
+    return f"hybridrank {model} ({loss})"
+
+
+def scorer_overrides(model: str, dataset: str, quick: bool) -> list[str]:
+    """The scorer's overrides: ``experiment=letor`` on MQ2008, :data:`SMALL_DATA` elsewhere;
+    ``fm`` has no hidden layers or dropout, so those keys are left out (deleted on MQ2008)."""
+    if dataset == "mq2008":
+        ov = ["experiment=letor", f"model={model}"]
+        if model == "fm":
+            ov += ["~model.scorer.hidden", "~model.scorer.dropout"]
+    else:
+        small = [o for o in SMALL_DATA if model != "fm"
+                 or not o.startswith(("model.scorer.hidden", "model.scorer.dropout"))]
+        ov = [f"data={dataset}", f"model={model}", *small]
+    return ov + (["trainer.max_epochs=3"] if quick else [])
+
+
+def settings(dataset: str, fold: int | None) -> list[list[str]]:
+    """Data overrides of each split setting of a data set (one per fold for MQ2008)."""
+    if dataset == "mq2008":
+        return [["experiment=letor", *C.fold_overrides(fold)]]
+    return [[f"data={dataset}"]]
+
+
+def run_setting(dataset: str, data_ov: list[str], runs: list[tuple[str, str | None]], args) -> dict:
+    splits = C.load_splits(data_ov)
+    out = {"logits": {}, "fit_seconds": {}, "info": {}, "test": splits.test}
+    for model, loss in runs:
+        name = f"{model}|{loss}" if loss else model
+        t = time.perf_counter()
+        try:
+            if model in LGBM:
+                r = C.fit_lightgbm(model.removeprefix("lgbm_"), splits, LGBM_PARAMS,
+                                   max_rounds=100 if args.quick else 2000, patience=50)
+                info = {"best_iteration": r["best_iteration"]}
+            else:
+                ov = [*scorer_overrides(model, dataset, args.quick), *data_ov[1:], f"loss={loss}"]
+                r = C.fit_hybrid(ov, splits)
+                info = {"epochs": r["epochs"], "best_epoch": r["best_epoch"]}
+        except Exception as e:  # one failing row must not cost the table
+            print(f"  [{dataset}] {name}: FAILED {type(e).__name__}: {e}", flush=True)
+            continue
+        val = C.evaluate(splits.val, r["z_val"].float(), empties=("skip",))["skip"]
+        info["val_logloss"], info["val_ndcg@10"] = val.get("logloss"), val.get("ndcg@10")
+        out["logits"][name] = r["z_test"].double()
+        out["fit_seconds"][name] = r["fit_seconds"]
+        out["info"][name] = info
+        te = C.evaluate(splits.test, r["z_test"].float(), empties=("skip",))["skip"]
+        print(f"  [{dataset}] {name:<26} test ndcg@10 {te.get('ndcg@10', float('nan')):.4f} "
+              f"logloss {te['logloss']:.4f} | fit {r['fit_seconds']:.1f} s | "
+              f"wall {time.perf_counter() - t:.0f} s", flush=True)
+    return out
+
+
+def concat(tests: list) -> SimpleNamespace:
+    """The test splits of several folds as one (labels and request lengths, in fold order)."""
+    return SimpleNamespace(label=torch.cat([t.label for t in tests]),
+                           lengths=torch.cat([t.lengths for t in tests]))
+
+
+def _f(iv, d=4) -> str:
+    if iv is None or iv.estimate is None:
+        return "n/a"
+    if iv.lower is None:
+        return f"{iv.estimate:.{d}f}"
+    return f"{iv.estimate:.{d}f} [{iv.lower:.{d}f}, {iv.upper:.{d}f}]"
+
+
+def _d(pr, d=4) -> str:
+    if pr is None or pr.diff is None:
+        return ""
+    ci = "" if pr.lower is None else f" [{pr.lower:+.{d}f}, {pr.upper:+.{d}f}]"
+    star = "*" if pr.p_value is not None and pr.p_value < pr.alpha else ""
+    return f"{pr.diff:+.{d}f}{ci}{star}"
+
+
+def dataset_table(dataset: str, results: list[dict], names: list[str], args) -> tuple[str, dict]:
+    from hybridrank.uncertainty import compare_bootstrap
+
+    names = [n for n in names if all(n in r["logits"] for r in results)]
+    data = concat([r["test"] for r in results]) if len(results) > 1 else results[0]["test"]
+    stats = {n: C.split_stats(data, torch.cat([r["logits"][n] for r in results])) for n in names}
+    metrics = ["ndcg@10", "logloss", "ece", "pcoc"]
+    iv, vs_bin = compare_bootstrap(stats, baseline="lgbm_binary", n_boot=args.n_boot,
+                                   seed=args.seed, metrics=metrics) if "lgbm_binary" in stats else (
+        compare_bootstrap(stats, n_boot=args.n_boot, seed=args.seed, metrics=metrics)[0], {})
+    vs_lam = (compare_bootstrap(stats, baseline="lgbm_lambdarank", n_boot=args.n_boot,
+                                seed=args.seed, metrics=["ndcg@10"])[1]
+              if "lgbm_lambdarank" in stats else {})
+    per_fold = {n: [C.evaluate(r["test"], r["logits"][n].float(), empties=("skip",))["skip"]
+                    for r in results] for n in names}
+    secs = {n: sum(r["fit_seconds"][n] for r in results) / len(results) for n in names}
+    base = secs.get("lgbm_binary")
+    rows, summary = [], {}
+    folds = len(results) > 1
+    for n in names:
+        model, _, loss = n.partition("|")
+        flag = " †" if model in UNCALIBRATED else ""
+        ms = {k: C.mean_std([m[k] for m in per_fold[n] if k in m]) for k in ("ndcg@10", "logloss")}
+        row = [label(model, loss)]
+        if folds:
+            row.append(f"{ms['ndcg@10'][0]:.4f} ± {ms['ndcg@10'][1]:.4f}")
+        row += [_f(iv[n]["ndcg@10"]), _d(vs_lam.get(n, {}).get("ndcg@10"))]
+        if folds:
+            row.append(f"{ms['logloss'][0]:.4f} ± {ms['logloss'][1]:.4f}{flag}")
+        row += [_f(iv[n]["logloss"]) + flag,
+                "" if model in UNCALIBRATED else _d(vs_bin.get(n, {}).get("logloss")),
+                _f(iv[n]["ece"]) + flag, _f(iv[n]["pcoc"], 3) + flag,
+                f"{secs[n]:.1f}", f"{secs[n] / base:.1f}×" if base else ""]
+        rows.append(row)
+        summary[n] = {"test": {k: {"estimate": v.estimate, "lower": v.lower, "upper": v.upper}
+                               for k, v in iv[n].items()},
+                      "vs_lgbm_binary_logloss": (vars(vs_bin[n]["logloss"]) if n in vs_bin else None),
+                      "vs_lgbm_lambdarank_ndcg@10": (vars(vs_lam[n]["ndcg@10"]) if n in vs_lam
+                                                     else None),
+                      "per_fold": per_fold[n], "fit_seconds": secs[n],
+                      "info": [r["info"][n] for r in results]}
+    header = ["model"] + (["NDCG@10 mean ± std"] if folds else []) + [
+        "NDCG@10 [95 % CI]", "Δ NDCG@10 vs lambdarank"] + (["log loss mean ± std"] if folds else []) + [
+        "log loss [95 % CI]", "Δ log loss vs binary", "ECE", "PCOC",
+        "fit s" + ("/fold" if folds else ""), "fit time / LightGBM binary"]
+    any_stats = next(iter(stats.values()))
+    valid = int(any_stats.columns["lists:valid"].sum())
+    head = (f"**{TITLES[dataset]}**: {any_stats.n_requests:,} test requests"
+            + (" (the five test parts pooled)" if folds else "")
+            + f", {valid:,} of them with a positive (the others are skipped by NDCG), "
+            f"{any_stats.n_positives:,} positive impressions.\n\n")
+    return head + C.markdown_table(header, rows), summary
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--datasets", nargs="+", default=list(DATASETS), choices=list(DATASETS))
+    p.add_argument("--folds", default="1-5")
+    p.add_argument("--models", nargs="+", default=[*HYBRID, *LGBM], choices=[*HYBRID, *LGBM])
+    p.add_argument("--losses", nargs="+", default=["bce", "bce_softmax"])
+    p.add_argument("--n-boot", type=int, default=1000)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=1,
+                   help="torch intra-op threads (1: the nets are tiny on these data sets)")
+    p.add_argument("--quick", action="store_true")
+    p.add_argument("--out", default=None)
+    p.add_argument("--no-docs", action="store_true")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.folds, args.n_boot = "1", min(args.n_boot, 200)
+    args.out = args.out or str(C.RESULTS / ("real_quick.json" if args.quick else "real.json"))
+    torch.set_num_threads(args.threads)
+    C.quiet()
+    C.data_root()
+    runs = [(m, None) for m in args.models if m in LGBM] + [
+        (m, loss) for loss in args.losses for m in args.models if m in HYBRID]
+    names = [f"{m}|{loss}" if loss else m for m, loss in runs]
+    t_start = time.perf_counter()
+    texts, dump = [], {"machine": C.machine(), "lgbm": LGBM_PARAMS, "small_data": SMALL_DATA}
+    for ds in args.datasets:
+        t0 = time.perf_counter()
+        folds = C.parse_folds(args.folds) if ds == "mq2008" else [None]
+        results = []
+        for k in folds:
+            for data_ov in settings(ds, k):
+                print(f"{ds}" + (f" fold {k}" if k else ""), flush=True)
+                results.append(run_setting(ds, data_ov, runs, args))
+        table, summary = dataset_table(ds, results, names, args)
+        dump[ds] = {"summary": summary, "seconds": time.perf_counter() - t0,
+                    "folds": folds if ds == "mq2008" else None}
+        texts.append(table)
+        print("\n" + table + "\n", flush=True)
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(dump, indent=2, default=float))
+    elapsed = time.perf_counter() - t_start
+    print(f"wall time {elapsed / 60:.1f} min\nJSON: {args.out}")
+    if not (args.no_docs or args.quick):
+        cmd = "python scripts/bench_real.py " + " ".join(sys.argv[1:] if argv is None else argv)
+        C.write_section("Scorers on real data", (
+            f"Generated {time.strftime('%Y-%m-%d')} by `{cmd.strip()}` on {C.machine()}; total "
+            f"wall time {elapsed / 60:.0f} min. Intervals: 95 % percentile bootstrap over test "
+            f"requests ({args.n_boot} replicates, seed {args.seed}); Δ columns: paired bootstrap "
+            "difference to the LightGBM row (* = significant at 5 %). `empty=\"skip\"`; "
+            "calibration on label > 0; † = not a probability by design. Fit times on a shared "
+            "machine: compare the ratios within a table, not the seconds.\n\n"
+            + "\n\n".join(texts)))
+        print(f"updated {C.DOCS}")
+
+
+if __name__ == "__main__":
+    main()
