@@ -22,6 +22,7 @@ from __future__ import annotations
 import math
 from typing import NamedTuple
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -31,6 +32,8 @@ __all__ = [
     "normalized_entropy",
     "pcoc",
     "pcoc_by_position",
+    "field_ece",
+    "pcoc_interval",
     "ece",
     "reliability_table",
     "bin_index",
@@ -198,6 +201,51 @@ def pcoc_by_position(
     positives = torch.bincount(inv, weights=y, minlength=m)
     ratio = torch.where(positives > 0, sum_p / positives.clamp_min(1), torch.inf)
     return PositionCalibration(uniq, count, sum_p, positives, ratio)
+
+
+def field_ece(
+    p: Tensor, labels: Tensor, values: Tensor, *, mask: Tensor | None = None
+) -> Tensor:
+    """Field-level ECE: the ECE whose bins are the values of a field (position, category, device).
+
+    ``F-ECE = (1/n) sum_v |sum_{i: field_i = v} p_i - sum_{i: field_i = v} y_i|``, the
+    impression-weighted mean of ``|mean p - click rate|`` per value. It is 0 when every value's
+    predicted clicks match its observed clicks, whatever the global PCOC; a model that is globally
+    calibrated but over-predicts one category and under-predicts another shows here and not in
+    the global ECE of pCTR bins. Values without clicks count with their full predicted mass.
+
+    Args:
+        p, labels, mask: as in :func:`log_loss`. values: integer field codes, the shape of ``p``.
+
+    >>> p, y = torch.tensor([.2, .2, .3, .3]), torch.tensor([1., 0., 0., 0.])
+    >>> round(float(field_ece(p, y, torch.tensor([0, 0, 1, 1]))), 6)  # (|.4 - 1| + |.6 - 0|) / 4
+    0.3
+    """
+    r = pcoc_by_position(p, labels, values, mask=mask)
+    return (r.sum_p - r.positives).abs().sum() / r.count.sum().clamp_min(1)
+
+
+def pcoc_interval(sum_p, positives, alpha: float = 0.05) -> tuple[Tensor, Tensor]:
+    """Exact (Garwood) ``1 - alpha`` interval of PCOC = ``sum_p / clicks`` per slice.
+
+    The predicted mass ``sum_p`` is fixed by the model; the clicks are treated as Poisson with an
+    unknown mean ``mu`` (a slight over-statement of the variance of a sum of Bernoulli clicks, so
+    the interval is conservative). The Garwood interval ``[mu_lo, mu_hi]`` of ``mu`` gives PCOC in
+    ``[sum_p / mu_hi, sum_p / mu_lo]``; a slice without clicks has upper bound ``+inf``.
+
+    >>> lo, hi = pcoc_interval(torch.tensor([10.0]), torch.tensor([10.0]))
+    >>> round(float(lo), 3), round(float(hi), 3)
+    (0.544, 2.085)
+    """
+    from scipy.stats import chi2
+
+    sum_p = torch.as_tensor(sum_p, dtype=torch.float64)
+    k = torch.as_tensor(positives, dtype=torch.float64).numpy()
+    mu_lo = torch.from_numpy(np.where(k > 0, chi2.ppf(alpha / 2, 2 * k) / 2, 0.0))
+    mu_hi = torch.from_numpy(chi2.ppf(1 - alpha / 2, 2 * k + 2) / 2)
+    lower = sum_p / mu_hi
+    upper = torch.where(mu_lo > 0, sum_p / mu_lo.clamp_min(1e-300), torch.inf)
+    return lower, upper
 
 
 def bin_index(p: Tensor, bins: int = 15, binning: str = "quantile") -> Tensor:

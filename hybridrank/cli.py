@@ -6,7 +6,7 @@ import logging
 import math
 import sys
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -91,7 +91,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         tested = trainer.test(model, datamodule=datamodule, ckpt_path=best, verbose=False)
         result["test"] = {k: float(v) for k, v in tested[0].items()}
         result["reference"] = reference_rows(lambda: datamodule.eval_chunks("test", 1 << 20),
-                                             model.new_metrics)
+                                             model.new_metrics, model.field_columns)
         if trainer.is_global_zero and cfg.get("intervals", {}).get("n_boot", 0):
             # trainer.test restored the best weights into `model`
             result["intervals"] = test_intervals(model, datamodule, **cfg.intervals)
@@ -126,8 +126,8 @@ def resume_checkpoint(cfg: DictConfig, out_dir: Path) -> str | None:
     return str(resume)
 
 
-def reference_rows(chunks: Callable[[], Iterable], new_metrics: Callable[[], Any]
-                   ) -> dict[str, dict[str, float]]:
+def reference_rows(chunks: Callable[[], Iterable], new_metrics: Callable[[], Any],
+                   field_columns: Mapping[str, int] | None = None) -> dict[str, dict[str, float]]:
     """Metrics of reference predictors on a split: the true pCTR when known, the base rate.
 
     Args:
@@ -135,6 +135,7 @@ def reference_rows(chunks: Callable[[], Iterable], new_metrics: Callable[[], Any
             base rate is the split's own click rate, a constant score, which with
             ``ties="average"`` is also the expected NDCG of a random order).
         new_metrics: a fresh :class:`~hybridrank.metrics.ListMetrics` with the run's conventions.
+        field_columns: ``{field: column of ListData.cat}`` of its calibration fields.
     """
     clicks, n, has_truth = 0.0, 0, True
     for data in chunks():
@@ -145,10 +146,11 @@ def reference_rows(chunks: Callable[[], Iterable], new_metrics: Callable[[], Any
     rows = {}
     if has_truth:
         rows["oracle (true pCTR)"] = evaluate_chunks(
-            ((d, torch.logit(d.true_p.double(), eps=1e-7)) for d in chunks()), new_metrics())
+            ((d, torch.logit(d.true_p.double(), eps=1e-7)) for d in chunks()), new_metrics(),
+            field_columns)
     rows["base rate"] = evaluate_chunks(
         ((d, torch.logit(torch.full((d.n_impressions,), rate, dtype=torch.float64))) for d in chunks()),
-        new_metrics())
+        new_metrics(), field_columns)
     return rows
 
 
@@ -166,8 +168,10 @@ def test_intervals(model: HybridRanker, datamodule, *, n_boot: int = 1000, alpha
     if data.true_p is not None:
         rows["oracle (true pCTR)"] = torch.logit(data.true_p.double(), eps=1e-7)
     rows["base rate"] = torch.logit(torch.full_like(z, rate, dtype=torch.float64))
-    return split_intervals(data, rows, metrics=TABLE_COLUMNS, n_boot=n_boot, alpha=alpha,
-                           seed=seed, **model.metric_config)
+    fields = {n: data.cat[:, j] for n, j in model.field_columns.items()}
+    return split_intervals(data, rows, metrics=TABLE_COLUMNS + tuple(f"f_ece@{n}" for n in fields),
+                           n_boot=n_boot, alpha=alpha, seed=seed, fields=fields,
+                           **model.metric_conventions)
 
 
 def _concat(datas):

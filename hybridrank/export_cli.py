@@ -353,8 +353,9 @@ def _export_cfg(cfg: DictConfig) -> dict:
 def evaluate(cfg: DictConfig) -> dict[str, Any]:
     """Calibration report of a checkpoint on a split, before and after the calibrator.
 
-    Writes ``calibration.json``, ``reliability.png`` and ``pcoc_by_position.png`` to
-    ``cfg.output_dir`` and returns the numbers: ``summaries`` (``before``: the model's pCTR after
+    Writes ``calibration.json``, ``reliability.png``, ``pcoc_by_position.png`` and one
+    ``field_calibration_{field}.png`` per calibration field (``cfg.fields``, default the model's
+    ``metrics.fields``) to ``cfg.output_dir`` and returns the numbers: ``summaries`` (``before``: the model's pCTR after
     the downsampling correction; ``after``: calibrated; ``oracle``: the true pCTR on simulated
     data), ``ranking`` (NDCG / GAUC ... of both) and the calibrator's parameters.
     """
@@ -374,17 +375,21 @@ def evaluate(cfg: DictConfig) -> dict[str, Any]:
     position = None if datas[0].position is None else torch.cat([d.position for d in datas])
     p_before = torch.sigmoid(z)
     p_after = prep.calibrator.predict_proba(z)
-    bins = int(cfg.get("bins", 15))
-    summaries = {"before": calibration_summary(p_before, label, position, bins=bins),
-                 "after": calibration_summary(p_after, label, position, bins=bins)}
+    fields, field_labels = _report_fields(prep.model, cfg.get("fields"), datas)
+
+    def summary(p: torch.Tensor) -> dict[str, Any]:
+        return calibration_summary(p, label, position, bins=int(cfg.get("bins", 15)),
+                                   fields=fields, field_labels=field_labels)
+
+    summaries = {"before": summary(p_before), "after": summary(p_after)}
     if datas[0].true_p is not None:
         true_p = torch.cat([d.true_p for d in datas])
-        summaries["oracle (true pCTR)"] = calibration_summary(true_p, label, position, bins=bins)
+        summaries["oracle (true pCTR)"] = summary(true_p)
 
     def ranking(logits: torch.Tensor) -> dict[str, float]:
         bounds = torch.cumsum(torch.tensor([0] + [d.n_impressions for d in datas]), 0)
         pairs = ((d, logits[bounds[i]:bounds[i + 1]]) for i, d in enumerate(datas))
-        return evaluate_chunks(pairs, prep.model.new_metrics())
+        return evaluate_chunks(pairs, prep.model.new_metrics(), prep.model.field_columns)
 
     extra = {"checkpoint": prep.checkpoint_path, "checkpoint_sha256": prep.checkpoint_sha256,
              "split": split, "calibrator": prep.calibrator.to_dict(),
@@ -398,11 +403,31 @@ def evaluate(cfg: DictConfig) -> dict[str, Any]:
         rows = {"before": z, "after": torch.logit(p_after, eps=1e-12)}
         if "oracle (true pCTR)" in summaries:
             rows["oracle (true pCTR)"] = torch.logit(true_p.double(), eps=1e-7)
+        names = tuple(fields or ())
         extra["intervals"] = split_intervals(
-            whole, rows, metrics=("logloss", "ece", "pcoc", "ndcg@10", "gauc"), n_boot=n_boot,
-            seed=int(cfg.get("seed", 0)), **prep.model.metric_config)
+            whole, rows, metrics=("logloss", "ece", "pcoc", "ndcg@10", "gauc",
+                                  *(f"f_ece@{n}" for n in names)),
+            n_boot=n_boot, seed=int(cfg.get("seed", 0)), fields=fields, **prep.model.metric_conventions)
     files = write_report(out_dir, summaries, extra=extra, figures=bool(cfg.get("figures", True)))
     return {**extra, "summaries": summaries, "files": files}
+
+
+def _report_fields(model, names, datas: list[ListData]):
+    """Codes and code names of the report's calibration fields: ``names`` (None: the model's
+    ``metrics.fields``), categorical features of the model's schema."""
+    resolved = model.metric_fields if names is None else model._resolve_fields(list(names))
+    if not resolved:
+        return None, None
+    schema = model.schema
+    codes = {n: torch.cat([d.cat[:, j] for d in datas]) for n, (j, _) in resolved.items()}
+
+    def namer(column: str):
+        if schema.vocab_policy[column].hashed:
+            return lambda code: "missing" if code == 0 else f"hash bucket {code}"
+        vocab = schema.vocab[column]
+        return lambda code: "out of vocabulary / missing" if code == 0 else vocab[code - 1]
+
+    return codes, {n: namer(n) for n in resolved}
 
 
 def _concat_chunks(datas: list[ListData]) -> ListData:
@@ -436,8 +461,9 @@ def _eval_hydra(cfg: DictConfig) -> None:
     result = evaluate(cfg)
     iv = result.get("intervals")
     if iv:
-        cols = ("logloss", "ece", "pcoc", "ndcg@10", "gauc")
-        print(f"| {result['split']} split | " + " | ".join(cols) + " |\n" + "|---" * 6 + "|")
+        cols = tuple(next(iter(iv["rows"].values())))
+        print(f"| {result['split']} split | " + " | ".join(cols) + " |\n" + "|---" * (len(cols) + 1)
+              + "|")
         for name, row in iv["rows"].items():
             cells = [f"{v[0]:.4f} [{v[1]:.4f}, {v[2]:.4f}]" if v[1] is not None else
                      ("n/a" if v[0] is None else f"{v[0]:.4f}") for v in (row[c] for c in cols)]

@@ -29,7 +29,7 @@ Calibration metrics live in :mod:`hybridrank.calibration_metrics` and are re-exp
 from __future__ import annotations
 
 import warnings
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -395,11 +395,18 @@ class ListMetrics(Metric):
             False the ``positions`` given to ``update`` are ignored.
         hist_bins: number of fine logit bins.
         auc_tolerance: ``compute`` warns when the streaming AUC's error bound exceeds it.
+        fields: ``{name: n_values}`` of fields to calibrate by (a categorical column: category,
+            device; codes ``0..n_values-1``), each giving ``f_ece@{name}``
+            (:func:`~hybridrank.calibration_metrics.field_ece`) and a per-value table
+            (:meth:`field_table`). Sums of ``n_values`` floats each: keep it to fields of modest
+            cardinality.
 
-    ``update(logits [G, L], labels [G, L], mask [G, L], positions=None)``: ``p = sigmoid(logits)``.
+    ``update(logits [G, L], labels [G, L], mask [G, L], positions=None, fields=None)``:
+    ``p = sigmoid(logits)``; ``fields`` maps every configured field to its ``[G, L]`` codes.
 
     ``compute()`` returns float64 scalars: ``ndcg@k`` per k, ``map``, ``mrr``, ``auc``, ``gauc``,
-    ``logloss``, ``ne``, ``ece``, ``pcoc``, ``pcoc@pos{i}``, and the counts ``n_lists`` (lists with
+    ``logloss``, ``ne``, ``ece``, ``pcoc``, ``pcoc@pos{i}``, ``f_ece@position`` (over positions
+    1..P), ``f_ece@{field}``, and the counts ``n_lists`` (lists with
     an impression), ``n_empty`` (of those, without a positive), ``n_skipped`` (left out of
     ndcg/map/mrr: ``n_empty`` under ``"skip"``, else 0), ``n_impressions``, ``n_positives``. A value
     that is undefined (AUC or NE with one class, GAUC without a two-class list, PCOC without a
@@ -419,6 +426,7 @@ class ListMetrics(Metric):
         self, ks: Sequence[K] = (1, 3, 5, 10), gain: str = "exp", empty: str = "skip",
         ties: str = "average", bins: int = 15, binning: str = "quantile",
         positions: bool | int = False, hist_bins: int = 8192, auc_tolerance: float = 1e-3,
+        fields: Mapping[str, int] | None = None,
         **kwargs,  # torchmetrics.Metric options (sync_on_compute, ...); it rejects unknown keys
     ) -> None:
         super().__init__(**kwargs)
@@ -444,10 +452,20 @@ class ListMetrics(Metric):
             add(name, bins)
         for name in ("pos_count", "pos_sum_p", "pos_pos"):
             add(name, max(self.n_positions, 1))
+        self.fields: dict[str, int] = {}
+        for name, size in (fields or {}).items():
+            if not isinstance(name, str) or not name or isinstance(size, bool) or not (
+                    isinstance(size, int) and size >= 1):
+                raise ValueError(f"fields must map field names to their number of values (an "
+                                 f"int >= 1), got {name!r}: {size!r}")
+            self.fields[name] = size
+            for part in ("count", "sum_p", "pos"):
+                add(f"field{len(self.fields) - 1}_{part}", size)
 
     def update(self, logits: Tensor, labels: Tensor, mask: Tensor,
-               positions: Tensor | None = None) -> None:
-        """Add whole lists: ``logits``, ``labels``, ``mask``, int ``positions``, all ``[G, L]``."""
+               positions: Tensor | None = None, fields: Mapping[str, Tensor] | None = None) -> None:
+        """Add whole lists: ``logits``, ``labels``, ``mask``, int ``positions``, all ``[G, L]``,
+        and ``fields``, ``{name: [G, L] int codes}`` for every configured field."""
         logits = logits.detach()
         _check_lists(logits, labels, mask)
         blocks = tie_blocks(logits, mask)
@@ -488,6 +506,48 @@ class ListMetrics(Metric):
             self.pos_count += torch.bincount(pos, minlength=self.n_positions)
             self.pos_sum_p += torch.bincount(pos, pk, minlength=self.n_positions)
             self.pos_pos += torch.bincount(pos, yk, minlength=self.n_positions)
+        if self.fields:
+            self._update_fields(fields, mask, p, y)
+
+    def _update_fields(self, fields: Mapping[str, Tensor] | None, mask: Tensor, p: Tensor,
+                       y: Tensor) -> None:
+        given = dict(fields or {})
+        missing = [f for f in self.fields if f not in given]
+        if missing:
+            raise ValueError(f"ListMetrics was built with fields {list(self.fields)}: update needs "
+                             f"their [G, L] codes, missing {missing}")
+        for i, (name, size) in enumerate(self.fields.items()):
+            codes = given[name]
+            if codes.shape != mask.shape or codes.is_floating_point():
+                raise ValueError(f"field {name!r}: codes must be an int tensor of shape "
+                                 f"{tuple(mask.shape)}, got {codes.dtype} {tuple(codes.shape)}")
+            v = codes[mask].long()
+            if v.numel() and (int(v.min()) < 0 or int(v.max()) >= size):
+                bad = v[(v < 0) | (v >= size)][0]
+                raise ValueError(f"field {name!r}: code {int(bad)} outside 0..{size - 1} (the "
+                                 f"field was configured with {size} values)")
+            getattr(self, f"field{i}_count").add_(torch.bincount(v, minlength=size))
+            getattr(self, f"field{i}_sum_p").add_(torch.bincount(v, p, minlength=size))
+            getattr(self, f"field{i}_pos").add_(torch.bincount(v, y, minlength=size))
+
+    def field_table(self, name: str) -> PositionCalibration:
+        """Per-value calibration of a configured field (``"position"`` for the display positions):
+        the values seen so far, their impressions, predicted clicks, clicks and PCOC (``+inf``
+        for a value without clicks)."""
+        if name == "position" and name not in self.fields:
+            if not self.n_positions:
+                raise ValueError("field_table('position') needs ListMetrics(positions=P)")
+            value = torch.arange(1, self.n_positions + 1)
+            count, sum_p, pos = self.pos_count, self.pos_sum_p, self.pos_pos
+        elif name in self.fields:
+            i = list(self.fields).index(name)
+            value = torch.arange(self.fields[name])
+            count, sum_p, pos = (getattr(self, f"field{i}_{part}") for part in ("count", "sum_p", "pos"))
+        else:
+            raise ValueError(f"unknown field {name!r}: configured {list(self.fields)}")
+        seen = count > 0
+        ratio = torch.where(pos > 0, sum_p / pos.clamp_min(1), torch.inf)
+        return PositionCalibration(value[seen.cpu()], count[seen], sum_p[seen], pos[seen], ratio[seen])
 
     @property
     def hist_count(self) -> Tensor:
@@ -559,6 +619,13 @@ class ListMetrics(Metric):
         for i in range(self.n_positions):
             if float(self.pos_pos[i]) > 0:
                 out[f"pcoc@pos{i + 1}"] = self.pos_sum_p[i] / self.pos_pos[i]
+        if self.n_positions and float(self.pos_count.sum()) > 0:
+            out["f_ece@position"] = _ece_from_sums(self.pos_sum_p, self.pos_pos, self.pos_count.sum())
+        for i, name in enumerate(self.fields):
+            count = getattr(self, f"field{i}_count").sum()
+            if float(count) > 0:
+                out[f"f_ece@{name}"] = _ece_from_sums(getattr(self, f"field{i}_sum_p"),
+                                                     getattr(self, f"field{i}_pos"), count)
         out.update(n_lists=self.n_lists, n_empty=n_empty, n_skipped=n_skipped,
                    n_impressions=n, n_positives=n_pos)
         return out

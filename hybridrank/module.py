@@ -33,6 +33,7 @@ __all__ = ["HybridRanker", "serve", "evaluate_logits", "evaluate_chunks"]
 
 #: Keys of the ``data`` hyper-parameter (what a model was trained on).
 DATA_KEYS = ("schema", "base_rate", "neg_keep_rate", "reweight_negatives")
+MAX_FIELD_VALUES = 100_000  # per calibration field (metrics.fields): sums per value are kept
 
 
 def serve(scorer: nn.Module, loss: HybridLoss, num: torch.Tensor, cat: torch.Tensor,
@@ -97,7 +98,9 @@ class HybridRanker(pl.LightningModule):
         optimizer: a config / partial taking the parameters (default Adam, lr 1e-3).
         scheduler: optional config / partial taking the optimizer.
         metrics: :class:`~hybridrank.metrics.ListMetrics` config (``_target_`` optional) or its
-            keyword arguments: the conventions of every metric the model reports.
+            keyword arguments: the conventions of every metric the model reports. Its ``fields``
+            is a list of categorical feature names to calibrate by (``f_ece@{name}``; the number
+            of values comes from the schema).
         position_bias: optional position-bias tower config (:class:`~hybridrank.nets.PositionBias`):
             training and validation add ``bias(logged position)`` to the click logit, serving
             (``forward``, exports, portable models) scores at the tower's reference position.
@@ -146,6 +149,7 @@ class HybridRanker(pl.LightningModule):
         self.optimizer_factory = _build(args["optimizer"], "optimizer")
         self.scheduler_factory = _build(args["scheduler"], "scheduler")
         self.metric_config = dict(args["metrics"] or {})
+        self.metric_fields = self._resolve_fields(self.metric_config.get("fields") or ())
         self.monitor = monitor
         self.val_metrics = self.new_metrics()
         self.test_metrics = self.new_metrics()
@@ -182,10 +186,53 @@ class HybridRanker(pl.LightningModule):
                              f"would learn the position effect the tower is for; drop it from "
                              f"the features (simulator: data.source.position_feature=false)")
 
+    def _resolve_fields(self, names) -> dict[str, tuple[int, int]]:
+        """``{name: (column of ListData.cat, number of codes)}`` of the calibration fields."""
+        if isinstance(names, str):
+            names = [names]
+        if not names:
+            return {}
+        schema = self.schema
+        if schema is None:
+            raise ValueError("metrics.fields needs the data schema (data={'schema': ...})")
+        out = {}
+        for name in names:
+            if name not in schema.categorical:
+                raise ValueError(f"metrics.fields: {name!r} is not a categorical feature; "
+                                 f"categorical features: {list(schema.categorical)} (positions "
+                                 f"are calibrated by metrics.positions)")
+            j = schema.categorical.index(name)
+            size = schema.vocab_sizes[j] + 1  # code 0: out of vocabulary / missing
+            if size > MAX_FIELD_VALUES:
+                raise ValueError(f"metrics.fields: {name!r} has {size:,} codes; field calibration "
+                                 f"keeps sums per value, so choose a field with at most "
+                                 f"{MAX_FIELD_VALUES:,} (category, device, ...)")
+            out[name] = (j, size)
+        return out
+
+    @property
+    def metric_conventions(self) -> dict[str, Any]:
+        """The metric conventions (``ks``, ``gain``, ``bins`` ...): the metrics config without its
+        target and fields, as :func:`~hybridrank.uncertainty.split_intervals` takes them."""
+        return {k: v for k, v in self.metric_config.items()
+                if k not in ("_target_", "_partial_", "fields")}
+
     def new_metrics(self) -> ListMetrics:
-        """A fresh :class:`ListMetrics` with this model's metric conventions."""
-        kwargs = {k: v for k, v in self.metric_config.items() if k not in ("_target_", "_partial_")}
-        return ListMetrics(**kwargs)
+        """A fresh :class:`ListMetrics` with this model's metric conventions and fields."""
+        return ListMetrics(fields={n: size for n, (_, size) in self.metric_fields.items()},
+                           **self.metric_conventions)
+
+    @property
+    def field_columns(self) -> dict[str, int]:
+        """``{field: column of ListData.cat}`` of the calibration fields (``metrics.fields``)."""
+        return {n: j for n, (j, _) in self.metric_fields.items()}
+
+    def field_codes(self, cat: torch.Tensor, index: torch.Tensor,
+                    mask: torch.Tensor) -> dict[str, torch.Tensor] | None:
+        """``[G, L]`` codes of the calibration fields from flat ``cat [N, C]``."""
+        if not self.metric_fields:
+            return None
+        return {n: gather_lists(cat[:, j], index, mask) for n, j in self.field_columns.items()}
 
     @property
     def schema(self):
@@ -253,7 +300,7 @@ class HybridRanker(pl.LightningModule):
         validation does (at the logged positions for a model with a position-bias tower)."""
         chunks = [data] if isinstance(data, ListData) else data
         pairs = ((c, self.predict_split(c, at_logged_position=True)[0]) for c in chunks)
-        return evaluate_chunks(pairs, self.new_metrics())
+        return evaluate_chunks(pairs, self.new_metrics(), self.field_columns)
 
     # --- training and evaluation steps ----------------------------------------------------------
     @property
@@ -292,7 +339,8 @@ class HybridRanker(pl.LightningModule):
             positions = gather_lists(batch.position, batch.index, batch.mask)
         metrics.update(gather_lists(z, batch.index, batch.mask),
                        gather_lists(batch.label, batch.index, batch.mask), batch.mask,
-                       positions=positions)
+                       positions=positions,
+                       fields=self.field_codes(batch.cat, batch.index, batch.mask))
 
     def validation_step(self, batch: Batch, batch_idx: int) -> None:
         self._eval_step(batch, self.val_metrics)
@@ -322,19 +370,24 @@ class HybridRanker(pl.LightningModule):
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "monitor": self.monitor}}
 
 
-def evaluate_chunks(pairs: Iterable[tuple[ListData, torch.Tensor]],
-                    metrics: ListMetrics) -> dict[str, float]:
+def evaluate_chunks(pairs: Iterable[tuple[ListData, torch.Tensor]], metrics: ListMetrics,
+                    field_columns: Mapping[str, int] | None = None) -> dict[str, float]:
     """Metrics of flat logits over chunks of whole requests: ``pairs`` of ``(data, logits [N])``.
 
     Requests are ranked within themselves (one-shot over all chunks; the states are sums, so the
     result equals one update over the whole split). Values are floats; undefined metrics are left
-    out (see :class:`ListMetrics`).
+    out (see :class:`ListMetrics`). ``field_columns``: ``{field: column of data.cat}`` for the
+    metrics' calibration fields (:attr:`HybridRanker.field_columns`).
     """
     for data, logits in pairs:
         index, mask = pad_index(data.lengths)
         positions = None if data.position is None else gather_lists(data.position, index, mask)
+        fields = None
+        if field_columns:
+            fields = {n: gather_lists(data.cat[:, j], index, mask) for n, j in field_columns.items()}
         metrics.update(gather_lists(logits.float(), index, mask),
-                       gather_lists(data.label, index, mask), mask, positions=positions)
+                       gather_lists(data.label, index, mask), mask, positions=positions,
+                       fields=fields)
     return {k: float(v) for k, v in metrics.compute().items()
             if isinstance(v, torch.Tensor) and v.numel() == 1}
 

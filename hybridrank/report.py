@@ -3,8 +3,9 @@
 :func:`calibration_summary` gathers, for one set of predictions, the log loss, ECE, PCOC, the
 reliability table (quantile bins, CONVENTIONS.md §2) and PCOC by position. :func:`write_report`
 writes several summaries (e.g. ``{"before": ..., "after": ...}``) as ``calibration.json``,
-``reliability.png`` (mean predicted vs observed rate per bin, with counts, diagonal drawn) and
-``pcoc_by_position.png``.
+``reliability.png`` (mean predicted vs observed rate per bin, with counts, diagonal drawn),
+``pcoc_by_position.png`` and, per calibration field, ``field_calibration_{field}.png`` (PCOC per
+value with exact Poisson intervals; the field-level ECE in the legend).
 
 matplotlib is optional (the ``export`` / ``dev`` extras); it is imported only when a figure is
 drawn, and drawn with the Agg canvas directly (no pyplot global state, no display needed).
@@ -20,9 +21,21 @@ from typing import Any
 import torch
 
 from .atomic import atomic_path, write_json
-from .calibration_metrics import ece, log_loss, pcoc, pcoc_by_position, reliability_table
+from .calibration_metrics import (
+    ece,
+    field_ece,
+    log_loss,
+    pcoc,
+    pcoc_by_position,
+    pcoc_interval,
+    reliability_table,
+)
 
-__all__ = ["calibration_summary", "plot_reliability", "plot_pcoc_by_position", "write_report"]
+__all__ = ["calibration_summary", "plot_reliability", "plot_pcoc_by_position",
+           "plot_field_calibration", "write_report"]
+
+MAX_PLOTTED_VALUES = 30
+"""A field calibration figure shows the values with the most impressions, at most this many."""
 
 
 def _num(x) -> float | None:
@@ -30,20 +43,39 @@ def _num(x) -> float | None:
     return v if math.isfinite(v) else None
 
 
-def calibration_summary(p, labels, positions=None, *, bins: int = 15,
-                        binning: str = "quantile") -> dict[str, Any]:
+def _by_value(p: torch.Tensor, y: torch.Tensor, values: torch.Tensor, alpha: float) -> dict[str, Any]:
+    r = pcoc_by_position(p, y, values)
+    lower, upper = pcoc_interval(r.sum_p, r.positives, alpha)
+    return {"value": r.position.tolist(), "count": r.count.long().tolist(),
+            "positives": r.positives.long().tolist(), "mean_p": (r.sum_p / r.count).tolist(),
+            "pcoc": [_num(v) for v in r.pcoc.tolist()],
+            "pcoc_lower": [_num(v) for v in lower.tolist()],
+            "pcoc_upper": [_num(v) for v in upper.tolist()],
+            "f_ece": float(field_ece(p, y, values))}
+
+
+def calibration_summary(p, labels, positions=None, *, bins: int = 15, binning: str = "quantile",
+                        fields: Mapping[str, Any] | None = None,
+                        field_labels: Mapping[str, Any] | None = None,
+                        alpha: float = 0.05) -> dict[str, Any]:
     """Calibration numbers of predicted probabilities ``p`` against click labels.
 
     Args:
         p: ``[N]`` probabilities. labels: ``[N]`` (clicks are ``label > 0``).
         positions: ``[N]`` display positions, or None.
         bins, binning: ECE / reliability bins (default 15 quantile bins).
+        fields: ``{name: [N] int codes}`` of fields to calibrate by (category, device, ...).
+        field_labels: ``{name: callable code -> str}`` naming the codes in the output.
+        alpha: per-value PCOC intervals are exact ``1 - alpha`` Poisson intervals on the clicks
+            (:func:`~hybridrank.calibration_metrics.pcoc_interval`).
 
     Returns:
         JSON-able dict: ``n``, ``positives``, ``logloss``, ``ece``, ``pcoc`` (None if no click),
-        ``reliability`` (lists ``count``, ``mean_p``, ``mean_y`` per bin; empty bins dropped) and
-        ``pcoc_by_position`` (lists ``position``, ``count``, ``positives``, ``pcoc`` with None where
-        a position has no click) when positions are given.
+        ``reliability`` (lists ``count``, ``mean_p``, ``mean_y`` per bin; empty bins dropped),
+        ``pcoc_by_position`` (lists ``position``, ``count``, ``positives``, ``mean_p``, ``pcoc``,
+        ``pcoc_lower``, ``pcoc_upper``, None where a position has no click, and the field-level
+        ECE ``f_ece`` over positions) when positions are given, and ``fields``: per field the same
+        lists keyed ``value`` (plus ``label``) and its ``f_ece``.
     """
     p = torch.as_tensor(p).reshape(-1).double()
     y = torch.as_tensor(labels).reshape(-1).double()
@@ -60,11 +92,15 @@ def calibration_summary(p, labels, positions=None, *, bins: int = 15,
     out["reliability"] = {"count": t.count[keep].long().tolist(), "mean_p": t.mean_p[keep].tolist(),
                           "mean_y": t.mean_y[keep].tolist()}
     if positions is not None:
-        r = pcoc_by_position(p, y, torch.as_tensor(positions).reshape(-1))
-        out["pcoc_by_position"] = {
-            "position": r.position.tolist(), "count": r.count.long().tolist(),
-            "positives": r.positives.long().tolist(), "pcoc": [_num(v) for v in r.pcoc.tolist()],
-        }
+        r = _by_value(p, y, torch.as_tensor(positions).reshape(-1), alpha)
+        out["pcoc_by_position"] = {"position": r.pop("value"), **r}
+    if fields:
+        out["fields"] = {}
+        for name, codes in fields.items():
+            r = _by_value(p, y, torch.as_tensor(codes).reshape(-1), alpha)
+            label = (field_labels or {}).get(name) or str
+            out["fields"][name] = {"value": r["value"], "label": [str(label(v)) for v in r["value"]],
+                                   **{k: v for k, v in r.items() if k != "value"}}
     return out
 
 
@@ -122,11 +158,51 @@ def plot_pcoc_by_position(summaries: Mapping[str, Mapping[str, Any]], path: str 
             continue
         pts = [(p, v) for p, v in zip(r["position"], r["pcoc"]) if v is not None]
         if pts:
-            ax.plot(*zip(*pts), marker="o", ms=3, label=name)
+            f_ece = f" (F-ECE {r['f_ece']:.4f})" if r.get("f_ece") is not None else ""
+            ax.plot(*zip(*pts), marker="o", ms=3, label=f"{name}{f_ece}")
     ax.axhline(1.0, ls="--", color="grey", lw=1, label="PCOC = 1")
     ax.set_xlabel("position")
     ax.set_ylabel("PCOC = sum(pCTR) / clicks")
     ax.set_title(title)
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    return _save(fig, path)
+
+
+def plot_field_calibration(summaries: Mapping[str, Mapping[str, Any]], field: str,
+                           path: str | Path, title: str | None = None) -> Path:
+    """PCOC per value of one field with its exact Poisson interval, one series per summary.
+
+    The values with the most impressions come first (at most :data:`MAX_PLOTTED_VALUES`); the
+    legend carries each summary's field-level ECE. PCOC = 1 is dashed.
+    """
+    first = next(s["fields"][field] for s in summaries.values() if field in s.get("fields", {}))
+    order = sorted(range(len(first["value"])), key=lambda i: -first["count"][i])[:MAX_PLOTTED_VALUES]
+    keep = [first["value"][i] for i in order]
+    names = [f"{first['label'][i]}\n(n={first['count'][i]:,})" for i in order]
+    fig = _figure(max(6.0, 0.45 * len(keep) + 2), 4.5)
+    ax = fig.subplots()
+    series = [(n, s["fields"][field]) for n, s in summaries.items() if field in s.get("fields", {})]
+    width = 0.7 / max(len(series), 1)
+    for k, (name, r) in enumerate(series):
+        at = {v: i for i, v in enumerate(r["value"])}
+        xs, ys, lo, hi = [], [], [], []
+        for x, v in enumerate(keep):
+            i = at.get(v)
+            if i is None or r["pcoc"][i] is None:
+                continue
+            xs.append(x - 0.35 + width * (k + 0.5))
+            ys.append(r["pcoc"][i])
+            lo.append(r["pcoc"][i] - r["pcoc_lower"][i])
+            hi.append(r["pcoc_upper"][i] - r["pcoc"][i])
+        ax.errorbar(xs, ys, yerr=[lo, hi], fmt="o", ms=3, capsize=2,
+                    label=f"{name} (F-ECE {r['f_ece']:.4f})")
+    ax.axhline(1.0, ls="--", color="grey", lw=1, label="PCOC = 1")
+    ax.set_xticks(range(len(keep)))
+    ax.set_xticklabels(names, rotation=60, ha="right", fontsize=7)
+    ax.set_ylabel("PCOC = sum(pCTR) / clicks (95 % interval)")
+    ax.set_title(title or f"Calibration by {field}")
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
     fig.tight_layout()
@@ -142,7 +218,8 @@ def _save(fig, path: str | Path) -> Path:
 
 def write_report(out_dir: str | Path, summaries: Mapping[str, Mapping[str, Any]], *,
                  extra: Mapping[str, Any] | None = None, figures: bool = True) -> dict[str, str]:
-    """Write ``calibration.json`` (+ ``reliability.png``, ``pcoc_by_position.png``) to ``out_dir``.
+    """Write ``calibration.json`` (+ ``reliability.png``, ``pcoc_by_position.png``,
+    ``field_calibration_{field}.png``) to ``out_dir``.
 
     Returns:
         name -> path of every file written.
@@ -156,4 +233,7 @@ def write_report(out_dir: str | Path, summaries: Mapping[str, Mapping[str, Any]]
         if any(s.get("pcoc_by_position") for s in summaries.values()):
             paths["pcoc_by_position"] = plot_pcoc_by_position(
                 summaries, out_dir / "pcoc_by_position.png")
+        for field in dict.fromkeys(f for s in summaries.values() for f in s.get("fields", {})):
+            paths[f"field_{field}"] = plot_field_calibration(
+                summaries, field, out_dir / f"field_calibration_{field}.png")
     return {k: str(v) for k, v in paths.items()}

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
@@ -363,6 +364,57 @@ def calibration_stats(p, labels, mask, *, bins: int = 15, binning: str = "quanti
     return RequestStats(cols, mets, sizes, pos, key)
 
 
+MAX_FIELD_CELLS = 50_000_000
+"""``requests x field values`` above which :func:`field_stats` refuses (float64 columns)."""
+
+
+def field_stats(p, labels, mask, fields: Mapping[str, Any], *, request_key=None) -> RequestStats:
+    """Per-request statistics of the field-level ECE ``f_ece@{field}`` of each field.
+
+    ``F-ECE = sum_v |sum_p_v - sum_y_v| / n`` over the values ``v`` of the field
+    (:func:`hybridrank.calibration_metrics.field_ece`); the columns are each request's predicted
+    and observed clicks per value present, so a bootstrap over requests resamples it exactly.
+
+    Args:
+        p, labels, mask: as :func:`calibration_stats`. fields: ``{name: [G, L] int codes}``.
+
+    >>> p = torch.tensor([[0.2, 0.2], [0.3, 0.3]]); y = torch.tensor([[1., 0.], [0., 0.]])
+    >>> m = torch.ones(2, 2, dtype=torch.bool)
+    >>> round(field_stats(p, y, m, {"c": torch.tensor([[0, 0], [1, 1]])}).point()["f_ece@c"], 6)
+    0.3
+    """
+    keep, sizes, pos, key = _lists(p, labels, mask, request_key)
+    k_np = keep.cpu().numpy()
+    m = mask.cpu().numpy()
+    pf, y = _f64(p.cpu())[m], (_f64(labels.cpu())[m] > 0).astype(np.float64)
+    g = m.shape[0]
+    row = np.repeat(np.arange(g), m.sum(1))
+    cols: dict[str, np.ndarray] = {"fece:n": np.bincount(row, minlength=g)[k_np].astype(np.float64)}
+    mets: dict[str, Statistic] = {}
+    for name, codes in fields.items():
+        c = np.asarray(codes.cpu() if isinstance(codes, torch.Tensor) else codes)
+        if c.shape != m.shape:
+            raise ValueError(f"field {name!r}: codes have shape {c.shape}, expected {m.shape}")
+        values, inv = np.unique(c[m], return_inverse=True)
+        v = values.size
+        if g * v > MAX_FIELD_CELLS:
+            raise ValueError(f"field {name!r}: {g:,} requests x {v:,} values is too many cells for "
+                             f"per-request statistics (limit {MAX_FIELD_CELLS:,}); choose a field "
+                             f"of lower cardinality")
+        cell = row * v + inv.reshape(-1)
+        for part, w in (("p", pf), ("y", y)):
+            cols[f"fece:{name}:{part}"] = np.bincount(cell, w, minlength=g * v).reshape(g, v)[k_np]
+
+        def fn(t: Totals, name=name) -> tuple[np.ndarray, np.ndarray]:
+            n = t["fece:n"]
+            ok = n > 0
+            diff = np.abs(t[f"fece:{name}:p"] - t[f"fece:{name}:y"]).sum(-1)
+            return diff / np.where(ok, n, 1.0), ok
+
+        mets[f"f_ece@{name}"] = Statistic(fn, "no impression")
+    return RequestStats(cols, mets, sizes, pos, key)
+
+
 def frame_stats(frame, *, score: str = "pctr", label: str = "label", request: str = "request_id",
                 ks: Sequence[int | None] = (10,), empty: str = "skip", bins: int = 15,
                 binning: str = "quantile") -> RequestStats:
@@ -384,11 +436,13 @@ def frame_stats(frame, *, score: str = "pctr", label: str = "label", request: st
 
 def split_stats(data, logits: torch.Tensor, *, ks: Sequence[int | None] = (10,),
                 gain: str = "exp", empty: str = "skip", ties: str = "average", bins: int = 15,
-                binning: str = "quantile", include: Sequence[str] = RANKING) -> RequestStats:
+                binning: str = "quantile", include: Sequence[str] = RANKING,
+                fields: Mapping[str, torch.Tensor] | None = None) -> RequestStats:
     """Ranking + calibration statistics of flat ``[N]`` logits on a split (``ListData``).
 
     The probability is ``σ(logit)``; requests are the split's, in storage order; conventions as
     :class:`~hybridrank.metrics.ListMetrics` (the keyword arguments of a metrics config).
+    ``fields``: ``{name: [N] int codes}`` adds ``f_ece@{name}`` (:func:`field_stats`).
     """
     from .lists import gather_lists
 
@@ -397,7 +451,11 @@ def split_stats(data, logits: torch.Tensor, *, ks: Sequence[int | None] = (10,),
     y = gather_lists(data.label.double(), idx, mask)
     rank = ranking_stats(p, y, mask, ks=tuple(ks), gain=gain, empty=empty, ties=ties,
                          include=include)
-    return rank.merge(calibration_stats(p, y, mask, bins=bins, binning=binning))
+    out = rank.merge(calibration_stats(p, y, mask, bins=bins, binning=binning))
+    if fields:
+        out = out.merge(field_stats(p, y, mask, {n: gather_lists(c, idx, mask)
+                                                 for n, c in fields.items()}))
+    return out
 
 
 def check_same_requests(a: RequestStats, b: RequestStats) -> None:

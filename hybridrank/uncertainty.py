@@ -327,6 +327,7 @@ def compare_bootstrap(stats: Mapping[str, RequestStats], *, baseline: str | None
 def split_intervals(data, rows: Mapping[str, torch.Tensor], *, baseline: str | None = None,
                     metrics: Sequence[str] = ("ndcg@10", "gauc", "logloss", "ece", "pcoc"),
                     n_boot: int = 1000, alpha: float = 0.05, seed: int = 0,
+                    fields: Mapping[str, torch.Tensor] | None = None,
                     **conventions) -> dict[str, Any]:
     """Bootstrap intervals over the requests of a split for several logits, and paired tests.
 
@@ -338,7 +339,8 @@ def split_intervals(data, rows: Mapping[str, torch.Tensor], *, baseline: str | N
         data: the split (``ListData``); rows: row name -> ``[N]`` logits; baseline: the row the
             others are compared with (default the first); metrics: which to report (``ndcg@K``,
             ``gauc``, ``map``, ``mrr``, ``logloss``, ``ne``, ``ece``, ``pcoc``, ``ctr``);
-            conventions: ``gain``, ``empty``, ``ties``, ``bins``, ``binning`` as ListMetrics.
+            conventions: ``gain``, ``empty``, ``ties``, ``bins``, ``binning`` as ListMetrics;
+            fields: ``{name: [N] int codes}`` for ``f_ece@{name}`` metrics.
 
     Returns:
         JSON-able ``{"rows": {row: {metric: [estimate, lower, upper]}}, "paired": {row: {metric:
@@ -351,7 +353,7 @@ def split_intervals(data, rows: Mapping[str, torch.Tensor], *, baseline: str | N
     include = tuple(m for m in ("ndcg", "map", "mrr", "gauc")
                     if m in metrics or (m == "ndcg" and ks))
     conv = {k: v for k, v in conventions.items() if k in ("gain", "empty", "ties", "bins", "binning")}
-    stats = {name: split_stats(data, z, ks=ks or (10,), include=include, **conv)
+    stats = {name: split_stats(data, z, ks=ks or (10,), include=include, fields=fields, **conv)
              for name, z in rows.items()}
     first = next(iter(stats.values()))
     names = [m for m in metrics if m in first.metrics]

@@ -340,16 +340,32 @@ def test_evaluate_writes_report(trained, tmp_path):
     from hybridrank.export_cli import evaluate
 
     cfg = trained["compose"]("eval", f"checkpoint={trained['ckpt']}", f"output_dir={tmp_path}",
-                      "calibrator=isotonic")
+                      "calibrator=isotonic", "fields=[item_category]", "n_boot=200")
     result = evaluate(cfg)
-    for key in ("json", "reliability", "pcoc_by_position"):
+    for key in ("json", "reliability", "pcoc_by_position", "field_item_category"):
         path = Path(result["files"][key])
-        assert path.exists() and path.stat().st_size > 0
+        assert path.exists() and path.read_bytes()[:4] == (b"\x89PNG" if key != "json" else b"{\n  ")
     s = result["summaries"]
     assert {"before", "after", "oracle (true pCTR)"} <= set(s)
-    assert sum(s["after"]["reliability"]["count"]) == trained["splits"].test.n_impressions
+    test = trained["splits"].test
+    assert sum(s["after"]["reliability"]["count"]) == test.n_impressions
     assert s["before"]["pcoc_by_position"]["position"][0] == 1
-    assert (tmp_path / "reliability.png").read_bytes()[:4] == b"\x89PNG"
+    # field calibration by item_category: counts and clicks per value by brute force, values named
+    # by the training vocabulary, the oracle near-calibrated per value
+    field = s["after"]["fields"]["item_category"]
+    schema = trained["model"].schema
+    j = schema.categorical.index("item_category")
+    for v, label, n, k in zip(field["value"], field["label"], field["count"], field["positives"]):
+        sel = test.cat[:, j] == v
+        assert n == int(sel.sum()) and k == int((test.label[sel] > 0).sum())
+        assert label == schema.vocab["item_category"][v - 1]
+    assert all(lo <= pc <= hi for lo, pc, hi in zip(field["pcoc_lower"], field["pcoc"], field["pcoc_upper"])
+               if pc is not None)
+    oracle = s["oracle (true pCTR)"]["fields"]["item_category"]
+    assert oracle["f_ece"] < s["before"]["fields"]["item_category"]["f_ece"] + 0.01
+    iv = result["intervals"]["rows"]["before"]["f_ece@item_category"]
+    assert iv[1] <= iv[0] <= iv[2]
+    assert iv[0] == pytest.approx(s["before"]["fields"]["item_category"]["f_ece"], abs=1e-9)
 
 
 def test_metadata_is_strings():
