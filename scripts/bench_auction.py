@@ -13,16 +13,19 @@ NDCG@10 with the true top-slot CTR as (linear) gain, the expected log loss again
 
 Part 2, auction replay (``hybridrank.auction``): every test request is an auction for 3 slots,
 GSP, bids as values per click, expected clicks ``p_true_ref × j^-0.5`` in slot ``j`` (the
-separable approximation of the simulator's position effect), with and without an eCPM reserve;
-rows: the calibrated hybrids, pure BCE, a pure ranking loss (softmax), two deliberately
-mis-scaled versions of the BCE model (every pCTR doubled; and over-confident, the logit's distance
-to the base rate doubled: ``logit' = 2 (logit - logit(ctr)) + logit(ctr)``), and the oracle
-allocation. A uniform factor cancels in GSP prices and in the order of ``bid × pCTR``; it matters
-against a reserve. A non-uniform distortion changes allocation and prices everywhere.
+separable approximation of the simulator's position effect), with and without an eCPM reserve.
+Every loss row is trained with the position-bias tower and served at position 1, so the rows
+differ by their loss alone: the calibrated hybrids, pure BCE, a pure ranking loss (softmax), two
+deliberately mis-scaled versions of the BCE + tower model (every pCTR doubled; and
+over-confident, the logit's distance to the base rate doubled:
+``logit' = 2 (logit - logit(ctr)) + logit(ctr)``), the position-as-feature BCE model scored at
+the logged position (what a naive export hands an auction), and the oracle allocation. A uniform
+factor cancels in GSP prices and in the order of ``bid × pCTR``; it matters against a reserve. A
+non-uniform distortion changes allocation and prices everywhere.
 
 Usage::
 
-    python scripts/bench_auction.py            # ~8 trainings on the default log
+    python scripts/bench_auction.py            # 7 trainings on the default log
     python scripts/bench_auction.py --quick    # 600 users, 1 epoch: a smoke test
 
 Writes ``results/auction.json`` and (unless ``--no-docs``) the ``auction`` section of
@@ -142,44 +145,49 @@ def main() -> None:
     base = [f"data.source.n_users={users}", f"trainer.max_epochs={1 if a.quick else 3}"]
     truth = simulate_clicklog(n_users=users, seed=0).select("request_id", "item_id", "p_true_ref")
     frames, seconds = {}, {}
-    bce_model = bce_test = None
-    for loss in LOSSES:
-        model, test, s = train([*base, f"loss={loss}"])
-        seconds[loss] = s
-        frames[loss] = frame_of(test, model.predict_split(test)[0], truth)
-        if loss == "bce":
-            bce_model, bce_test = model, test
-        print(f"trained {loss} in {s:.0f} s", flush=True)
-    z = bce_model.predict_split(bce_test)[0].double()
-    p = torch.sigmoid(z)
-    frames["bce, pCTR × 2"] = frame_of(bce_test, torch.logit((2 * p).clamp(max=1 - 1e-6)), truth)
-    centre = torch.logit(p.mean())
-    frames["bce, over-confident (2× logit spread)"] = frame_of(bce_test, 2 * (z - centre) + centre,
-                                                              truth)
+    # position as a feature (the default data), scored at the logged position as a naive export does
+    bce_model, bce_test, seconds["bce"] = train([*base, "loss=bce"])
+    frames["bce, position feature, logged position"] = frame_of(
+        bce_test, bce_model.predict_split(bce_test)[0], truth)
     frames["bce, position feature set to 1"] = frame_of(
         bce_test, position_feature_at_one(bce_model, bce_test), truth)
-    tower, test_t, s = train([*base, "loss=bce", "experiment=position_bias"])
-    seconds["bce + position tower"] = s
-    frames["bce + position tower"] = frame_of(test_t, tower.predict_split(test_t)[0], truth)
-    offsets = tower.position_bias.offsets()[:10]
+    # every loss with a position-bias tower: position-free serving pCTR at the top slot
+    offsets = None
+    for loss in LOSSES:
+        model, test, s = train([*base, f"loss={loss}", "experiment=position_bias"])
+        seconds[f"{loss} + position tower"] = s
+        frames[f"{loss} + tower"] = frame_of(test, model.predict_split(test)[0], truth)
+        if loss == "bce":
+            offsets = model.position_bias.offsets()[:10]
+            z = model.predict_split(test)[0].double()
+            p = torch.sigmoid(z)
+            frames["bce + tower, pCTR × 2"] = frame_of(
+                test, torch.logit((2 * p).clamp(max=1 - 1e-6)), truth)
+            centre = torch.logit(p.mean())
+            frames["bce + tower, over-confident (2× logit spread)"] = frame_of(
+                test, 2 * (z - centre) + centre, truth)
+        print(f"trained {loss} + tower in {s:.0f} s", flush=True)
 
-    pos_frames = {"bce, position feature, logged position": frames["bce"],
+    pos_frames = {"bce, position feature, logged position":
+                  frames["bce, position feature, logged position"],
                   "bce, position feature set to 1": frames["bce, position feature set to 1"],
-                  "bce + position tower (serving: position 1)": frames["bce + position tower"]}
+                  "bce + position tower (serving: position 1)": frames["bce + tower"]}
     pos_md, pos_data = position_table(pos_frames, a.n_boot)
     factors = position_factors(3, "power:0.5")
-    order = ["bce + position tower", "bce", "bce_softmax", "calibrated_softmax", "rcr", "jrc",
-             "softmax", "bce, pCTR × 2", "bce, over-confident (2× logit spread)"]
+    order = ["bce + tower", *(f"{loss} + tower" for loss in LOSSES if loss != "bce"),
+             "bce + tower, pCTR × 2", "bce + tower, over-confident (2× logit spread)",
+             "bce, position feature, logged position"]
     replay = {n: frames[n] for n in order}
-    auction_md = {r: compare_auctions(replay, truth=frames["bce"]["p_true_ref"].to_numpy(),
+    truth_p = frames["bce + tower"]["p_true_ref"].to_numpy()
+    auction_md = {r: compare_auctions(replay, truth=truth_p,
                                       true_column=None, slots=3, slot_factors=factors,
                                       mechanism="gsp", reserve_ecpm=r, n_boot=a.n_boot)
                   for r in (0.0, RESERVE_ECPM)}
     learned = ", ".join(f"{v:+.2f}" for v in offsets)
     true = ", ".join(f"{-0.5 * np.log(j):+.2f}" for j in range(1, 11))
-    n_req = frames["bce"]["request_id"].n_unique()
+    n_req = frames["bce + tower"]["request_id"].n_unique()
     body = (f"Simulated log ({users:,} users; test split: {n_req:,} requests, "
-            f"{frames['bce'].height:,} candidates), 3 epochs per model, scored with the best epoch on "
+            f"{frames['bce + tower'].height:,} candidates), 3 epochs per model, scored with the best epoch on "
             f"validation log loss, no post-hoc calibrator. Truth: the simulator's `p_true_ref`, the "
             f"true CTR at the top slot. 95 % bootstrap intervals over test requests ({a.n_boot} "
             f"resamples, seed 0). `python scripts/bench_auction.py`.\n\n"
