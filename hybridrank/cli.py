@@ -221,7 +221,9 @@ def _hydra_main(cfg: DictConfig) -> float | None:
     if not result.get("is_global_zero", True):  # under DDP only rank 0 reports
         return result.get("optimized_metric")
     print()
-    print(format_table(result))
+    fields = tuple(k.removeprefix("test/") for k in result.get("test", {})
+                   if k.startswith("test/f_ece@") and k != "test/f_ece@position")
+    print(format_table(result, TABLE_COLUMNS + fields))
     print(f"\noutputs: {result['output_dir']} (metrics.json, config_resolved.yaml, checkpoints/, logs/)")
     print(f"best checkpoint: {result['best_checkpoint']}")
     print(f"wall time: {result['seconds']:.1f} s")
