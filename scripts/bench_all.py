@@ -1,7 +1,8 @@
 """Run the speed benchmarks and collect their Markdown tables into docs/BENCHMARKS.md ("Speed").
 
 Each benchmark runs as its own subprocess (a fresh interpreter, so one cannot warm or slow the
-next): ``bench_losses.py``, ``bench_metrics.py``, ``bench_reader.py``, ``bench_train.py``. A
+next): ``bench_metrics.py``, ``bench_reader.py``, ``bench_train.py`` (``bench_losses.py`` writes its
+own section, "Losses: speed and values against allRank", and is run on its own). A
 script that does not exist yet is skipped with a note; one that fails is reported with the tail
 of its output. The Markdown tables (and the lines right before them) are kept, other chatter
 dropped. The section is stamped with the date and the machine (CPU model and count).
@@ -20,7 +21,6 @@ import time
 import _common as C
 
 SCRIPTS = {
-    "losses": ("bench_losses.py", "Losses: forward + backward time and peak memory"),
     "metrics": ("bench_metrics.py", "Metrics: NDCG@10 against torchmetrics"),
     "reader": ("bench_reader.py", "Reader: read_libsvm against a line-by-line Python parser"),
     "train": ("bench_train.py", "Training throughput"),

@@ -37,7 +37,7 @@ def test_correction_by_hand():
     p = torch.tensor([0.01, 0.2, 0.9], dtype=torch.float64)
     q = downsampling_correction(p, 0.25)
     # the same correction as a logit shift by log(w)
-    z = torch.log(p / (1 - p))
+    z = torch.logit(p)
     assert torch.allclose(q, torch.sigmoid(z + correction_shift(0.25)), atol=1e-12)
     with pytest.raises(ValueError, match="keep rate"):
         downsampling_correction(0.5, 0.0)

@@ -7,6 +7,7 @@ import math
 import numpy as np
 import polars as pl
 import pytest
+import scipy.special
 
 from hybridrank.simulate import SIM_COLUMNS, main, simulate_clicklog
 
@@ -110,7 +111,7 @@ def test_problem_is_learnable_but_not_trivial(log):
     base = y.mean()
     prior = -(base * math.log(base) + (1 - base) * math.log(1 - base))
     assert bayes < 0.93 * prior
-    logit = np.log(p / (1 - p))
+    logit = scipy.special.logit(p)
     corr = np.corrcoef(log["item_pop"].to_numpy(), logit)[0, 1]
     assert 0.05 < corr < 0.9
 
