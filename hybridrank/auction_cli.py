@@ -23,17 +23,10 @@ import numpy as np
 import polars as pl
 
 from .auction import MECHANISMS, auction_stats, position_factors, replay_auctions
+from .export import read_score_table, require_columns
 from .uncertainty import compare_bootstrap, format_interval, request_offsets
 
 __all__ = ["compare_auctions", "main"]
-
-
-def _read(path: Path) -> pl.DataFrame:
-    if path.suffix.lower() == ".csv":
-        return pl.read_csv(path)
-    if path.suffix.lower() == ".parquet":
-        return pl.read_parquet(path)
-    raise ValueError(f"{path}: expected a .parquet or .csv score file")
 
 
 def _slot_factors(spec: str, slots: int) -> np.ndarray:
@@ -71,14 +64,9 @@ def compare_auctions(frames: Mapping[str, pl.DataFrame], *, truth: np.ndarray | 
     Returns:
         the report (settings line, table, paired comparisons with the first frame).
     """
-    if not frames:
-        raise ValueError("no score file given")
+    require_columns(frames, (request, bid, score))
     names = list(frames)
     first = frames[names[0]]
-    for name, f in frames.items():
-        missing = [c for c in (request, bid, score) if c not in f.columns]
-        if missing:
-            raise ValueError(f"{name}: missing column(s) {missing} (columns: {f.columns})")
     request_offsets(first[request])  # rows sorted by request, before comparing files
     ids0, bid0 = first[request].to_numpy(), first[bid].to_numpy()
     for name in names[1:]:
@@ -182,10 +170,10 @@ def main(argv: list[str] | None = None) -> int:
         for path in a.scores:
             name = path.stem if path.stem not in seen else str(path)
             seen.add(path.stem)
-            frames[name] = _read(path)
+            frames[name] = read_score_table(path)
         truth = None
         if a.truth is not None:
-            tf = _read(a.truth)
+            tf = read_score_table(a.truth)
             if a.true_column not in tf.columns:
                 raise ValueError(f"{a.truth}: no column {a.true_column!r}")
             first = next(iter(frames.values()))

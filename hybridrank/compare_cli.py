@@ -21,21 +21,13 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
+from .export import read_score_table, require_columns
 from .request_stats import frame_stats
 from .uncertainty import compare_bootstrap, format_interval
 
 __all__ = ["compare_scores", "main"]
 
 METRICS = ("ndcg@10", "gauc", "map", "logloss", "ece", "pcoc")
-
-
-def _read(path: Path) -> pl.DataFrame:
-    suffix = path.suffix.lower()
-    if suffix == ".csv":
-        return pl.read_csv(path)
-    if suffix == ".parquet":
-        return pl.read_parquet(path)
-    raise ValueError(f"{path}: expected a .parquet or .csv score file")
 
 
 def compare_scores(frames: Mapping[str, pl.DataFrame], *, score: str = "pctr",
@@ -51,14 +43,10 @@ def compare_scores(frames: Mapping[str, pl.DataFrame], *, score: str = "pctr",
         metrics: which to report; n_boot, alpha, seed: the bootstrap; empty: NDCG's policy for
             requests without a positive label.
     """
-    if len(frames) < 1:
-        raise ValueError("no score file given")
+    require_columns(frames, (request, label, score))
     names = list(frames)
     first = frames[names[0]]
     for name, f in frames.items():
-        missing = [c for c in (request, label, score) if c not in f.columns]
-        if missing:
-            raise ValueError(f"{name}: missing column(s) {missing} (columns: {f.columns})")
         if f.height != first.height:
             raise ValueError(f"{name}: {f.height} rows vs {first.height} in {names[0]}; the files "
                              "must score the same impressions")
@@ -110,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
         names = [str(p) for p in a.scores]
         if len(set(names)) != len(names):
             raise ValueError("the same file is given twice")
-        frames = {n: _read(p) for n, p in zip(names, a.scores)}
+        frames = {n: read_score_table(p) for n, p in zip(names, a.scores)}
         print(compare_scores(frames, score=a.score, label=a.label, request=a.request,
                              n_boot=a.n_boot, alpha=a.alpha, seed=a.seed, empty=a.empty))
     except (ValueError, FileNotFoundError) as e:

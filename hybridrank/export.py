@@ -22,7 +22,7 @@ import hashlib
 import json
 import logging
 import warnings
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -347,6 +347,27 @@ def meta_path(path: str | Path) -> Path:
     """The metadata sidecar of a CSV export: ``<output>.meta.json``."""
     path = Path(path)
     return path.with_name(path.name + ".meta.json")
+
+
+def read_score_table(path: str | Path) -> pl.DataFrame:
+    """The rows of a score file (``.parquet`` or ``.csv``), for the commands that compare them."""
+    path = Path(path)
+    suffix = path.suffix.lower()
+    if suffix == ".csv":
+        return pl.read_csv(path)
+    if suffix == ".parquet":
+        return pl.read_parquet(path)
+    raise ValueError(f"{path}: expected a .parquet or .csv score file")
+
+
+def require_columns(frames: Mapping[str, pl.DataFrame], columns: Sequence[str]) -> None:
+    """Raise ``ValueError`` naming the file and the columns it lacks (and those it has)."""
+    if not frames:
+        raise ValueError("no score file given")
+    for name, f in frames.items():
+        missing = [c for c in columns if c not in f.columns]
+        if missing:
+            raise ValueError(f"{name}: missing column(s) {missing} (columns: {f.columns})")
 
 
 def read_scores(path: str | Path) -> tuple[pl.DataFrame, dict[str, Any]]:

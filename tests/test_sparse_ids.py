@@ -19,6 +19,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from memprobe import PROBE
 
 import hybridrank.vocab as vocab_mod
 from hybridrank.data import SIM_COLUMNS_MAP, ClickLogSource, ColumnMap, Schema, stable_hash
@@ -319,29 +320,14 @@ N_BIG = 10_000_000
 BUCKETS = 1 << 16
 EMB_DIM = 16
 
-_BIG = """
-import json, re, resource, sys
-import polars as pl, torch
+_BIG = PROBE + """
+import json, sys
 import pytorch_lightning as lightning
 from hybridrank.losses import HybridLoss
 from hybridrank.module import HybridRanker
 from hybridrank.nets import MLPScorer
 from hybridrank.readers import ColumnMap
 from hybridrank.streaming import StreamingClickLogSource
-def status_mb(key):
-    return int(re.search(key + r":\\s+(\\d+)", open("/proc/self/status").read()).group(1)) / 1024
-def reset_peak():  # as tests/test_streaming.py: VmHWM reset to the current RSS (Linux)
-    try:
-        open("/proc/self/clear_refs", "w").write("5")
-        return status_mb("VmRSS")
-    except OSError:
-        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-def peak_mb():
-    try:
-        return status_mb("VmHWM")
-    except OSError:
-        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-pl.DataFrame({"a": [1, 2]}).select(pl.col("a").sum()); torch.arange(10).sum()
 base = reset_peak()
 glob, buckets, dim = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 cm = ColumnMap(request="request_id", label="click", numeric=["x"], categorical=["ad_id"])

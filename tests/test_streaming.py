@@ -13,6 +13,7 @@ import polars as pl
 import pytest
 import pytorch_lightning as pl_
 import torch
+from memprobe import PROBE
 from torch.utils.data import DataLoader
 
 from hybridrank.data import SIM_COLUMNS_MAP, Schema
@@ -58,28 +59,10 @@ def small_log(tmp_path_factory) -> dict:
 # ----------------------------------------------------------------------------------------------
 # Memory: a subprocess per measurement, peak RSS growth over a baseline taken after the imports
 # ----------------------------------------------------------------------------------------------
-_PRELUDE = """
-import json, re, resource, sys
-import polars as pl, torch
+_PRELUDE = PROBE + """
+import json, sys
 from hybridrank.data import SIM_COLUMNS_MAP, Schema
 from hybridrank.streaming import StreamingClickLogSource
-def status_mb(key):
-    return int(re.search(key + r":\\s+(\\d+)", open("/proc/self/status").read()).group(1)) / 1024
-def reset_peak():
-    # Linux: writing 5 to clear_refs resets the peak RSS (VmHWM) to the current RSS, so an import
-    # spike does not hide the work's peak; elsewhere fall back to ru_maxrss (peak since start)
-    try:
-        open("/proc/self/clear_refs", "w").write("5")
-        return status_mb("VmRSS")
-    except OSError:
-        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-def peak_mb():
-    try:
-        return status_mb("VmHWM")
-    except OSError:
-        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-# warm up the polars and torch thread pools / allocators so they are part of the baseline
-pl.DataFrame({"a": [1, 2]}).select(pl.col("a").sum()); torch.arange(10).sum()
 base = reset_peak()
 """
 
