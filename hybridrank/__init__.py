@@ -3,38 +3,58 @@
 A PyTorch Lightning module whose loss is a weighted pointwise BCE plus pairwise / listwise ranking
 terms (including the calibration-compatible ones: calibrated softmax, RCR, JRC), trained on batches
 of whole impression lists from a group-aware sampler, reporting NDCG and calibration.
-See ``docs/ARCHITECTURE.md`` for how the parts fit. Submodules hold the full APIs
-(``hybridrank.losses``, ``hybridrank.metrics``, ``hybridrank.calibration``, ``hybridrank.export``);
-the names most users need are re-exported here.
+
+Sub-packages by concept, imports pointing one way (docs/ARCHITECTURE.md):
+``lists`` (the data model) and ``_dcg`` at the base, then :mod:`hybridrank.data`,
+:mod:`hybridrank.losses`, :mod:`hybridrank.metrics`, :mod:`hybridrank.models`,
+:mod:`hybridrank.serving`, and :mod:`hybridrank.cli` on top. The names most users need are
+re-exported here; they are imported on first use, so ``import hybridrank`` stays cheap.
 """
 
-from .auction import position_factors, replay_auctions, replay_frame, run_auction
-from .calibration import IdentityCalibrator, IsotonicCalibrator, PlattCalibrator, downsampling_correction
-from .data import ClickLogSource, ColumnMap, LetorSource, Schema, SimulatedSource, Splits, read_clicklog, read_libsvm
-from .datamodule import ListDataModule
-from .export import PortableRanker, export_onnx, export_torchscript, read_scores, score_frame
-from .lists import Batch, ListData
-from .losses import LOSSES, HybridLoss, click_logit
-from .metrics import ListMetrics, auc, ece, gauc, log_loss, mean_average_precision, mrr, ndcg, pcoc
-from .module import HybridRanker, evaluate_chunks, evaluate_logits
-from .nets import DCNv2Scorer, DeepFMScorer, FMScorer, LinearScorer, ListAwareScorer, MLPScorer
-from .sampler import GroupBatchSampler, ListDataset, collate, unit_ids
-from .scanner import ClickLogScanner
-from .simulate import simulate_clicklog
-from .streaming import StreamingClickLogSource, StreamingDataModule
-from .uncertainty import bootstrap, compare_bootstrap, format_interval, paired_bootstrap
+from hybridrank._lazy import lazy_exports
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "DCNv2Scorer", "DeepFMScorer", "FMScorer", "ListAwareScorer", "bootstrap", "compare_bootstrap",
-    "format_interval", "paired_bootstrap", "position_factors", "replay_auctions", "replay_frame",
-    "run_auction",
-    "LOSSES", "Batch", "ClickLogScanner", "ClickLogSource", "ColumnMap", "GroupBatchSampler", "HybridLoss",
-    "HybridRanker", "IdentityCalibrator", "IsotonicCalibrator", "LetorSource", "LinearScorer", "ListData",
-    "ListDataModule", "ListDataset", "ListMetrics", "MLPScorer", "PlattCalibrator", "PortableRanker", "Schema",
-    "SimulatedSource", "Splits", "StreamingClickLogSource", "StreamingDataModule", "auc", "click_logit",
-    "collate", "downsampling_correction", "ece", "evaluate_chunks", "evaluate_logits", "export_onnx",
-    "export_torchscript", "gauc", "log_loss", "mean_average_precision", "mrr", "ndcg", "pcoc", "read_clicklog",
-    "read_libsvm", "read_scores", "score_frame", "simulate_clicklog", "unit_ids",
-]
+_EXPORTS = {
+    # the data model
+    "Batch": "hybridrank.lists", "ListData": "hybridrank.lists",
+    # data
+    "ClickLogSource": "hybridrank.data.sources", "LetorSource": "hybridrank.data.sources",
+    "SimulatedSource": "hybridrank.data.sources", "Splits": "hybridrank.data.sources",
+    "ColumnMap": "hybridrank.data.readers", "read_clicklog": "hybridrank.data.readers",
+    "Schema": "hybridrank.data.schema", "read_libsvm": "hybridrank.data.libsvm",
+    "ListDataModule": "hybridrank.data.datamodule", "GroupBatchSampler": "hybridrank.data.sampler",
+    "ListDataset": "hybridrank.data.sampler", "collate": "hybridrank.data.sampler",
+    "unit_ids": "hybridrank.data.sampler", "ClickLogScanner": "hybridrank.data.scanner",
+    "simulate_clicklog": "hybridrank.data.simulate",
+    "StreamingClickLogSource": "hybridrank.data.streaming",
+    "StreamingDataModule": "hybridrank.data.streaming",
+    # losses
+    "LOSSES": "hybridrank.losses", "HybridLoss": "hybridrank.losses", "click_logit": "hybridrank.losses",
+    # metrics
+    "ListMetrics": "hybridrank.metrics", "auc": "hybridrank.metrics", "gauc": "hybridrank.metrics",
+    "mean_average_precision": "hybridrank.metrics", "mrr": "hybridrank.metrics",
+    "ndcg": "hybridrank.metrics", "ece": "hybridrank.metrics", "log_loss": "hybridrank.metrics",
+    "pcoc": "hybridrank.metrics", "bootstrap": "hybridrank.metrics",
+    "compare_bootstrap": "hybridrank.metrics", "format_interval": "hybridrank.metrics",
+    "paired_bootstrap": "hybridrank.metrics",
+    # models
+    "HybridRanker": "hybridrank.models", "evaluate_chunks": "hybridrank.models",
+    "evaluate_logits": "hybridrank.models", "DCNv2Scorer": "hybridrank.models",
+    "DeepFMScorer": "hybridrank.models", "FMScorer": "hybridrank.models",
+    "LinearScorer": "hybridrank.models", "ListAwareScorer": "hybridrank.models",
+    "MLPScorer": "hybridrank.models", "PositionBias": "hybridrank.models",
+    # serving
+    "IdentityCalibrator": "hybridrank.serving", "IsotonicCalibrator": "hybridrank.serving",
+    "PlattCalibrator": "hybridrank.serving", "downsampling_correction": "hybridrank.serving",
+    "PortableRanker": "hybridrank.serving", "export_onnx": "hybridrank.serving",
+    "export_torchscript": "hybridrank.serving", "read_scores": "hybridrank.serving",
+    "score_frame": "hybridrank.serving", "position_factors": "hybridrank.serving",
+    "replay_auctions": "hybridrank.serving", "replay_frame": "hybridrank.serving",
+    "run_auction": "hybridrank.serving",
+    # entry point
+    "train": "hybridrank.cli.train",
+}
+
+__all__ = sorted(_EXPORTS)
+__getattr__, __dir__ = lazy_exports(globals(), _EXPORTS)

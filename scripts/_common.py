@@ -2,7 +2,7 @@
 
 - where the real data lives and how the MQ2008 folds are built from the parts S1..S5;
 - composing a hydra config in-process and training a hybridrank model on it;
-- scoring any model's flat logits with :func:`hybridrank.module.evaluate_logits` under several
+- scoring any model's flat logits with :func:`hybridrank.models.ranker.evaluate_logits` under several
   metric conventions, so LightGBM and hybridrank rows share one code path;
 - mean ± std formatting and rewriting one marked section of ``docs/BENCHMARKS.md``.
 
@@ -92,11 +92,11 @@ def quiet() -> None:
 
 def compose_config(overrides: Sequence[str]):
     """The project config with ``overrides``, composed in-process (as the tests do)."""
-    from hydra import compose, initialize_config_dir
+    from hydra import compose, initialize_config_module
 
-    from hybridrank.cli import CONF_DIR
+    from hybridrank.cli.train import CONF_MODULE
 
-    with initialize_config_dir(CONF_DIR, version_base="1.3"):
+    with initialize_config_module(CONF_MODULE, version_base="1.3"):
         return compose("config", overrides=list(overrides))
 
 
@@ -104,15 +104,15 @@ def train_hybrid(overrides: Sequence[str], *, keep_dir: str | Path | None = None
                  ) -> tuple[dict[str, Any], Any, torch.Tensor, torch.Tensor]:
     """Train one hybridrank model; return (result, splits, val logits, test logits).
 
-    ``result`` is the dict of :func:`hybridrank.cli.train`. The logits are the best checkpoint's
+    ``result`` is the dict of :func:`hybridrank.cli.train.train`. The logits are the best checkpoint's
     pCTR logits on the val and test splits in storage order (``HybridRanker.load_from_checkpoint``
     and its one scoring path ``predict_split``), for scoring with :func:`evaluate` under any
     convention. Runs write into a temporary folder unless ``keep_dir``.
     """
     import hydra
 
-    from hybridrank.cli import train
-    from hybridrank.module import HybridRanker
+    from hybridrank.cli.train import train
+    from hybridrank.models.ranker import HybridRanker
 
     with tempfile.TemporaryDirectory(prefix="hybridrank-bench-") as tmp:
         out = Path(keep_dir) if keep_dir is not None else Path(tmp)
@@ -136,7 +136,7 @@ BASE_METRICS = dict(ks=(1, 3, 5, 10), gain="exp", ties="average", bins=15, binni
 def evaluate(data, logits: torch.Tensor, empties: Iterable[str] = ("skip", "zero")
              ) -> dict[str, dict[str, float]]:
     """``{empty: metrics}`` of flat ``[N]`` logits on a split, one entry per empty-list policy."""
-    from hybridrank.module import evaluate_logits
+    from hybridrank.models.ranker import evaluate_logits
 
     return {e: evaluate_logits(data, logits, empty=e, **BASE_METRICS) for e in empties}
 
@@ -249,8 +249,8 @@ def fit_hybrid(overrides: Sequence[str], splits, *, keep_dir: str | Path | None 
     import pytorch_lightning as pl
     from omegaconf import OmegaConf
 
-    from hybridrank.cli import build_model, build_trainer
-    from hybridrank.module import HybridRanker
+    from hybridrank.cli.train import build_model, build_trainer
+    from hybridrank.models.ranker import HybridRanker
 
     with tempfile.TemporaryDirectory(prefix="hybridrank-bench-") as tmp:
         out = Path(keep_dir) if keep_dir is not None else Path(tmp)
@@ -339,11 +339,11 @@ def fit_lightgbm(objective: str, splits, params: Mapping[str, Any], *, max_round
 
 def split_stats(data, logits: torch.Tensor, *, ks: Sequence[int] = (10,), empty: str = "skip"):
     """Per-request ranking + calibration statistics of flat ``[N]`` logits on a split
-    (:mod:`hybridrank.uncertainty`): ``ndcg@k``, ``map``, ``mrr``, ``gauc`` of the logits and
+    (:mod:`hybridrank.metrics.uncertainty`): ``ndcg@k``, ``map``, ``mrr``, ``gauc`` of the logits and
     ``logloss``, ``ne``, ``pcoc``, ``ece`` (15 quantile bins), ``ctr`` of ``sigmoid(logit)``,
     binary relevance label > 0 for the calibration metrics. Same conventions as :func:`evaluate`."""
     from hybridrank.lists import gather_lists, pad_index
-    from hybridrank.uncertainty import calibration_stats, ranking_stats
+    from hybridrank.metrics.request_stats import calibration_stats, ranking_stats
 
     index, mask = pad_index(data.lengths)
     z = gather_lists(logits.double(), index, mask)

@@ -11,7 +11,7 @@ position-bias tower whose serving score is the logit at position 1 (``experiment
 NDCG@10 with the true top-slot CTR as (linear) gain, the expected log loss against ``p_true_ref``
 (gap to its entropy, the Bayes limit), and PCOC against ``p_true_ref``.
 
-Part 2, auction replay (``hybridrank.auction``): every test request is an auction for 3 slots,
+Part 2, auction replay (``hybridrank.serving.auction``): every test request is an auction for 3 slots,
 GSP, bids as values per click, expected clicks ``p_true_ref × j^-0.5`` in slot ``j`` (the
 separable approximation of the simulator's position effect), with and without an eCPM reserve.
 Every loss row is trained with the position-bias tower and served at position 1, so the rows
@@ -53,8 +53,8 @@ def train(overrides: list[str]):
     """Train on the simulated log; return the best model and the test split read with its schema."""
     import hydra
 
-    from hybridrank.cli import train as run
-    from hybridrank.module import HybridRanker
+    from hybridrank.cli.train import train as run
+    from hybridrank.models.ranker import HybridRanker
 
     with tempfile.TemporaryDirectory(prefix="hybridrank-auction-") as out:
         cfg = C.compose_config([f"paths.output_dir={out}", "trainer.enable_progress_bar=false",
@@ -92,7 +92,8 @@ def position_feature_at_one(model, test) -> torch.Tensor:
 
 def position_table(frames: dict[str, pl.DataFrame], n_boot: int) -> tuple[str, dict]:
     from hybridrank.lists import gather_lists, pad_index
-    from hybridrank.uncertainty import compare_bootstrap, format_interval, ranking_stats, ratio_stats
+    from hybridrank.metrics.request_stats import ranking_stats, ratio_stats
+    from hybridrank.metrics.uncertainty import compare_bootstrap, format_interval
 
     first = next(iter(frames.values()))
     lengths = first.group_by("request_id", maintain_order=True).len()["len"].to_numpy()
@@ -136,9 +137,9 @@ def main() -> None:
     ap.add_argument("--no-docs", action="store_true")
     a = ap.parse_args()
     C.quiet()
-    from hybridrank.auction import position_factors
-    from hybridrank.auction_cli import compare_auctions
-    from hybridrank.simulate import simulate_clicklog
+    from hybridrank.cli.auction import compare_auctions
+    from hybridrank.data.simulate import simulate_clicklog
+    from hybridrank.serving.auction import position_factors
 
     t0 = time.perf_counter()
     users = 600 if a.quick else 2500

@@ -13,7 +13,7 @@ the CTR target and the simulator seed are the defaults at every size, and so is 
 one (by time, whole sessions: the last 10 % of sessions are validation, the last 20 % test), so
 the test split grows with the data too and each size has its own oracle.
 
-Rows (every one scored by the same code, :mod:`hybridrank.uncertainty` over the test requests):
+Rows (every one scored by the same code, :mod:`hybridrank.metrics.uncertainty` over the test requests):
 
 - hybridrank scorers ``mlp``, ``fm``, ``deepfm``, ``dcnv2``, ``list_aware`` trained with
   ``loss=bce`` (pure pointwise: the question here is whether the scorer reaches the true
@@ -233,7 +233,7 @@ def no_interaction_truth(size: int, quick: bool, test) -> torch.Tensor:
     import numpy as np
     from omegaconf import OmegaConf
 
-    from hybridrank.simulate import simulate_clicklog
+    from hybridrank.data.simulate import simulate_clicklog
 
     cfg = C.compose_config(["paths.output_dir=/tmp", *sim_overrides(size, quick)])
     kw = {k: v for k, v in OmegaConf.to_container(cfg.data.source, resolve=True).items()
@@ -343,7 +343,7 @@ def _pr(pr) -> dict:
 
 
 def run_size(size: int, models: list[str], args) -> dict:
-    from hybridrank.uncertainty import compare_bootstrap, paired_bootstrap
+    from hybridrank.metrics.uncertainty import compare_bootstrap, paired_bootstrap
 
     t0 = time.perf_counter()
     splits = C.load_splits(sim_overrides(size, args.quick))

@@ -17,7 +17,8 @@ import torch
 from torchmetrics.retrieval import RetrievalNormalizedDCG
 
 from hybridrank.lists import gather_lists, pad_index
-from hybridrank.metrics import ListMetrics, ndcg
+from hybridrank.metrics.list_metrics import ListMetrics
+from hybridrank.metrics.ranking import ndcg
 
 
 def make_data(n_requests: int, seed: int = 0):

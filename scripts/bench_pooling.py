@@ -16,15 +16,15 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from hydra import compose, initialize_config_dir
+from hydra import compose, initialize_config_module
 
-from hybridrank.cli import CONF_DIR, train
+from hybridrank.cli.train import CONF_MODULE, train
 
 METRICS = ("ndcg@10", "gauc", "logloss", "ece", "pcoc")
 
 
 def run(loss: str, scope: str, seed: int, epochs: int, users: int) -> dict:
-    with tempfile.TemporaryDirectory() as d, initialize_config_dir(CONF_DIR, version_base="1.3"):
+    with tempfile.TemporaryDirectory() as d, initialize_config_module(CONF_MODULE, version_base="1.3"):
         cfg = compose("config", overrides=[
             f"paths.output_dir={d}", f"loss={loss}", f"data.scope={scope}", f"seed={seed}",
             f"trainer.max_epochs={epochs}", f"data.source.n_users={users}",

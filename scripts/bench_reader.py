@@ -1,4 +1,4 @@
-"""Time ``hybridrank.libsvm.read_libsvm`` against a plain line-by-line Python parser.
+"""Time ``hybridrank.data.libsvm.read_libsvm`` against a plain line-by-line Python parser.
 
 Both read the same files in the same run and return the same thing: labels, qids and a dense
 float64 feature matrix (the script checks that the two agree exactly before timing). The plain
@@ -24,7 +24,7 @@ from pathlib import Path
 import _common as C
 import numpy as np
 
-from hybridrank.libsvm import read_libsvm
+from hybridrank.data.libsvm import read_libsvm
 
 
 def read_plain(path: str | Path, n_features: int | None = None):

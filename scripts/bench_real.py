@@ -146,7 +146,7 @@ def _d(pr, d=4) -> str:
 
 
 def dataset_table(dataset: str, results: list[dict], names: list[str], args) -> tuple[str, dict]:
-    from hybridrank.uncertainty import compare_bootstrap
+    from hybridrank.metrics.uncertainty import compare_bootstrap
 
     names = [n for n in names if all(n in r["logits"] for r in results)]
     data = concat([r["test"] for r in results]) if len(results) > 1 else results[0]["test"]

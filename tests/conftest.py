@@ -6,10 +6,8 @@ import os
 from pathlib import Path
 
 import pytest
-from hydra import compose, initialize_config_dir
+from hydra import compose, initialize_config_module
 from hypothesis import HealthCheck, settings
-
-CONF = Path(__file__).resolve().parents[1] / "conf"
 
 settings.register_profile(
     "default", max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow]
@@ -34,7 +32,8 @@ def real_data() -> Path:
 
 
 def _compose(name: str = "config", *overrides: str):
-    with initialize_config_dir(str(CONF), version_base="1.3"):
+    # the configs as installed (hybridrank.conf), exactly what the console scripts read
+    with initialize_config_module("hybridrank.conf", version_base="1.3"):
         return compose(name, overrides=list(overrides))
 
 

@@ -13,11 +13,11 @@ from pathlib import Path
 import pytorch_lightning as pl
 import torch
 
-from hybridrank.data import SimulatedSource
-from hybridrank.datamodule import ListDataModule
+from hybridrank.data.datamodule import ListDataModule
+from hybridrank.data.sources import SimulatedSource
 from hybridrank.losses import HybridLoss
-from hybridrank.module import HybridRanker
-from hybridrank.nets import MLPScorer
+from hybridrank.models.ranker import HybridRanker
+from hybridrank.models.scorers import MLPScorer
 
 
 class RecordRows(pl.Callback):

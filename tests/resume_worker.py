@@ -11,9 +11,9 @@ import sys
 from pathlib import Path
 
 import pytorch_lightning as pl
-from hydra import compose, initialize_config_dir
+from hydra import compose, initialize_config_module
 
-from hybridrank.cli import CONF_DIR, train
+from hybridrank.cli.train import CONF_MODULE, train
 
 OVERRIDES = ["data.source.n_users=300", "trainer.max_epochs=3", "data.budget=1024",
              "trainer.enable_progress_bar=false", "callbacks.last_checkpoint.every_n_train_steps=4"]
@@ -34,6 +34,6 @@ if __name__ == "__main__":
     out = Path(sys.argv[1])
     extra = ["+callbacks.killer._target_=resume_worker.KillAtStep",
              f"+callbacks.killer.step={sys.argv[2]}"] if len(sys.argv) > 2 else []
-    with initialize_config_dir(CONF_DIR, version_base="1.3"):
+    with initialize_config_module(CONF_MODULE, version_base="1.3"):
         cfg = compose("config", overrides=[f"paths.output_dir={out}", *OVERRIDES, *extra])
     train(cfg)

@@ -1,6 +1,6 @@
 """Auction replay: a brute-force per-request loop reference, GSP invariants, bad input.
 
-The reference below is written from the rules in the module docstring of hybridrank.auction
+The reference below is written from the rules in the module docstring of hybridrank.serving.auction
 (eligibility, sort by eCPM with storage-order ties, GSP / first-price prices per click, separable
 clicks) as plain Python loops over requests and candidates, sharing no code with the module.
 """
@@ -16,15 +16,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hybridrank.auction import (
-    auction_stats,
-    position_factors,
-    replay_auctions,
-    replay_frame,
-    run_auction,
-)
-from hybridrank.auction_cli import main
-from hybridrank.simulate import simulate_clicklog
+from hybridrank.cli.auction import main
+from hybridrank.data.simulate import simulate_clicklog
+from hybridrank.serving.auction import auction_stats, position_factors, replay_auctions, replay_frame, run_auction
 
 # --- the reference -----------------------------------------------------------------------------
 
@@ -60,8 +54,11 @@ def ref_auction(lengths, bid, score, truth, k, factors, mechanism, reserve, rese
 
 # --- strategies --------------------------------------------------------------------------------
 
-_BIDS = st.one_of(st.sampled_from([0.0, 0.5, 1.0, 2.0, 3.25]), st.floats(0.0, 5.0, allow_nan=False))
-_PCTR = st.one_of(st.sampled_from([0.0, 0.01, 0.1, 0.2, 0.5, 1.0]), st.floats(0.0, 1.0, allow_nan=False))
+# subnormal floats are left out: a scale c times a subnormal loses relative precision (not a property of the auction)
+_BIDS = st.one_of(st.sampled_from([0.0, 0.5, 1.0, 2.0, 3.25]),
+                  st.floats(0.0, 5.0, allow_nan=False, allow_subnormal=False))
+_PCTR = st.one_of(st.sampled_from([0.0, 0.01, 0.1, 0.2, 0.5, 1.0]),
+                  st.floats(0.0, 1.0, allow_nan=False, allow_subnormal=False))
 
 
 @st.composite
@@ -74,7 +71,7 @@ def auctions(draw, *, with_reserve_ecpm: bool = True):
     score = draw(st.lists(_PCTR, min_size=n, max_size=n))
     truth = draw(st.lists(_PCTR, min_size=n, max_size=n))
     k = draw(st.integers(1, 4))
-    f = sorted(draw(st.lists(st.floats(0.0, 1.0), min_size=k, max_size=k)), reverse=True)
+    f = sorted(draw(st.lists(st.floats(0.0, 1.0, allow_subnormal=False), min_size=k, max_size=k)), reverse=True)
     reserve = draw(st.sampled_from([0.0, 0.5, 1.0]))
     reserve_ecpm = draw(st.sampled_from([0.0, 0.05, 0.2])) if with_reserve_ecpm else 0.0
     return lengths, bid, score, truth, k, f, reserve, reserve_ecpm

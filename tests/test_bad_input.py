@@ -23,16 +23,18 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from omegaconf import OmegaConf
 
-from hybridrank.data import ClickLogSource, ColumnMap, LetorSource, Schema, SimulatedSource
-from hybridrank.datamodule import ListDataModule
-from hybridrank.libsvm import read_libsvm
+from hybridrank.data.datamodule import ListDataModule
+from hybridrank.data.libsvm import read_libsvm
+from hybridrank.data.readers import ColumnMap, read_clicklog, validate_frame
+from hybridrank.data.sampler import GroupBatchSampler, ListDataset
+from hybridrank.data.schema import Schema
+from hybridrank.data.sources import ClickLogSource, LetorSource, SimulatedSource
 from hybridrank.lists import gather_lists, pad_index
 from hybridrank.losses import HybridLoss
-from hybridrank.metrics import ListMetrics, auc, gauc, ndcg
-from hybridrank.module import HybridRanker
-from hybridrank.nets import MLPScorer
-from hybridrank.readers import read_clicklog, validate_frame
-from hybridrank.sampler import GroupBatchSampler, ListDataset
+from hybridrank.metrics.list_metrics import ListMetrics
+from hybridrank.metrics.ranking import auc, gauc, ndcg
+from hybridrank.models.ranker import HybridRanker
+from hybridrank.models.scorers import MLPScorer
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 
@@ -229,7 +231,7 @@ def test_libsvm_huge_index_without_n_features_is_an_error(tmp_path):
     code = textwrap.dedent(f"""
         import resource, sys
         resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30))  # 4 GiB: fail fast, never swap
-        from hybridrank.libsvm import read_libsvm
+        from hybridrank.data.libsvm import read_libsvm
         try:
             read_libsvm({str(p)!r})
         except ValueError as e:
@@ -533,7 +535,7 @@ class LetorLike:
         cm = ColumnMap(request="r", label="y", numeric=["x"])
         schema = Schema.fit(df, cm, 1)
         data = schema.transform(df)
-        from hybridrank.data import Splits
+        from hybridrank.data.sources import Splits
         return Splits(data, data, data, schema)
 
 
@@ -579,7 +581,7 @@ def test_config_typo_is_rejected_by_hydra_strict_mode(override, compose_cfg):
 ])
 def test_forced_typo_is_rejected_at_instantiation(override, target, fragment, compose_cfg):
     """``+key=`` bypasses strict mode; the constructors still reject the unknown argument."""
-    from hybridrank.cli import build_model
+    from hybridrank.cli.train import build_model
 
     cfg = compose_cfg("config", override, "data.source.n_users=20", "paths.output_dir=/tmp/unused")
     with pytest.raises(Exception, match=fragment):
@@ -609,7 +611,7 @@ def test_missing_data_file_via_data_config(tmp_path, compose_cfg):
 
 @pytest.mark.slow
 def test_missing_data_file_fails_train_before_any_work(tmp_path, compose_cfg):
-    from hybridrank.cli import train
+    from hybridrank.cli.train import train
 
     cfg = compose_cfg("config", "data=clicklog", f"data.source.path={tmp_path}/nope.parquet",
                       f"paths.output_dir={tmp_path}/out", "trainer.enable_progress_bar=false")

@@ -8,7 +8,8 @@ import math
 import pytest
 import torch
 
-from hybridrank.calibration import (
+from hybridrank.metrics.calibration import ece, pcoc
+from hybridrank.serving.calibration import (
     IdentityCalibrator,
     IsotonicCalibrator,
     PlattCalibrator,
@@ -17,7 +18,6 @@ from hybridrank.calibration import (
     downsampling_correction,
     resolve_correction,
 )
-from hybridrank.calibration_metrics import ece, pcoc
 
 
 def known_truth(n: int = 40_000, seed: int = 0):

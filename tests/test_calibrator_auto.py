@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from hybridrank.calibration import (
+from hybridrank.serving.calibration import (
     AutoCalibrator,
     IdentityCalibrator,
     IsotonicCalibrator,

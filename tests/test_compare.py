@@ -6,7 +6,7 @@ import numpy as np
 import polars as pl
 import pytest
 
-from hybridrank.compare_cli import compare_scores, main
+from hybridrank.cli.compare import compare_scores, main
 
 
 def _frames(seed: int = 0, n_req: int = 400, size: int = 8):

@@ -14,21 +14,12 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from hybridrank.data import (
-    SIM_COLUMNS_MAP,
-    ClickLogSource,
-    ColumnMap,
-    LetorSource,
-    Schema,
-    SimulatedSource,
-    Splits,
-    read_clicklog,
-    read_libsvm,
-    split_frame,
-    stable_hash,
-    validate_frame,
-)
-from hybridrank.simulate import simulate_clicklog
+from hybridrank.data.hashing import stable_hash
+from hybridrank.data.libsvm import read_libsvm
+from hybridrank.data.readers import ColumnMap, read_clicklog, validate_frame
+from hybridrank.data.schema import Schema
+from hybridrank.data.simulate import simulate_clicklog
+from hybridrank.data.sources import SIM_COLUMNS_MAP, ClickLogSource, LetorSource, SimulatedSource, Splits, split_frame
 
 ROOT = Path(__file__).resolve().parents[1]
 FEATS = [f"f{i}" for i in range(1, 47)]

@@ -7,9 +7,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from hybridrank.cli import train
-from hybridrank.export import read_scores
-from hybridrank.export_cli import export
+from hybridrank.cli.export import export
+from hybridrank.cli.train import train
+from hybridrank.serving.export import read_scores
 
 # small data (the data seed is fixed in conf/data/sim.yaml: only the training seed varies)
 SMALL = ["data.source.n_users=150", "trainer.max_epochs=2", "trainer.enable_progress_bar=false",

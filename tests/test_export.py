@@ -12,8 +12,13 @@ import pytest
 import torch
 
 from hybridrank.atomic import atomic_path
-from hybridrank.calibration import IsotonicCalibrator, PlattCalibrator, calibrator_from_dict
-from hybridrank.export import (
+from hybridrank.cli.export import load_model
+from hybridrank.lists import ListData, lengths_to_offsets
+from hybridrank.losses import HybridLoss
+from hybridrank.models.ranker import HybridRanker
+from hybridrank.models.scorers import MLPScorer
+from hybridrank.serving.calibration import IsotonicCalibrator, PlattCalibrator, calibrator_from_dict
+from hybridrank.serving.export import (
     ScoreWriter,
     build_metadata,
     export_torchscript,
@@ -21,11 +26,6 @@ from hybridrank.export import (
     read_scores,
     score_frame,
 )
-from hybridrank.export_cli import load_model
-from hybridrank.lists import ListData, lengths_to_offsets
-from hybridrank.losses import HybridLoss
-from hybridrank.module import HybridRanker
-from hybridrank.nets import MLPScorer
 
 N_USERS = 150
 
@@ -35,7 +35,7 @@ def trained(tmp_path_factory, compose_cfg):
     """A tiny model trained in-process through the hydra config; its checkpoint and test split."""
     import hydra
 
-    from hybridrank.cli import train
+    from hybridrank.cli.train import train
 
     out = tmp_path_factory.mktemp("run")
     cfg = compose_cfg("config", f"paths.output_dir={out}", f"data.source.n_users={N_USERS}",
@@ -114,7 +114,7 @@ def test_two_output_model_exports_both_logits(tmp_path):
 # --- end to end on a trained checkpoint ----------------------------------------------------------
 @pytest.mark.slow
 def test_export_matches_in_memory_prediction(trained, tmp_path):
-    from hybridrank.export_cli import export
+    from hybridrank.cli.export import export
 
     out = tmp_path / "scores.parquet"
     result = export(export_cfg(trained, out, "calibrator=platt", "chunk_rows=500"))
@@ -165,7 +165,7 @@ def test_export_matches_in_memory_prediction(trained, tmp_path):
 
 @pytest.mark.slow
 def test_csv_export_with_sidecar_and_all_splits(trained, tmp_path):
-    from hybridrank.export_cli import export
+    from hybridrank.cli.export import export
 
     out = tmp_path / "scores.csv"
     export(export_cfg(trained, out, "calibrator=none", "split=all"))
@@ -185,7 +185,7 @@ def sim_file(trained, tmp_path_factory):
     """The simulated click log behind the checkpoint, as a parquet file."""
     import hydra
 
-    from hybridrank.simulate import simulate_clicklog
+    from hybridrank.data.simulate import simulate_clicklog
 
     source = hydra.utils.instantiate(trained["config"]["data"]["source"])
     path = tmp_path_factory.mktemp("data") / "log.parquet"
@@ -195,7 +195,7 @@ def sim_file(trained, tmp_path_factory):
 
 @pytest.mark.slow
 def test_input_file_streams_in_chunks_and_ignores_row_order(trained, sim_file, tmp_path):
-    from hybridrank.export_cli import export
+    from hybridrank.cli.export import export
 
     a = tmp_path / "a.parquet"
     export(export_cfg(trained, a, "calibrator=none", f"input={sim_file}", "chunk_rows=700"))
@@ -216,7 +216,7 @@ def test_input_file_streams_in_chunks_and_ignores_row_order(trained, sim_file, t
 
 @pytest.mark.slow
 def test_unlabeled_input_has_no_label_column(trained, sim_file, tmp_path):
-    from hybridrank.export_cli import export
+    from hybridrank.cli.export import export
 
     nolabel = tmp_path / "new.parquet"
     pl.read_parquet(sim_file).drop("click", "p_true").write_parquet(nolabel)
@@ -228,7 +228,7 @@ def test_unlabeled_input_has_no_label_column(trained, sim_file, tmp_path):
 
 @pytest.mark.slow
 def test_failure_in_a_later_chunk_leaves_old_file(trained, sim_file, tmp_path):
-    from hybridrank.export_cli import export
+    from hybridrank.cli.export import export
 
     df = pl.read_parquet(sim_file)
     last = df["request_id"][-1]
@@ -245,7 +245,7 @@ def test_failure_in_a_later_chunk_leaves_old_file(trained, sim_file, tmp_path):
 
 @pytest.mark.slow
 def test_bad_inputs_fail_before_any_output(trained, sim_file, tmp_path):
-    from hybridrank.export_cli import export
+    from hybridrank.cli.export import export
 
     df = pl.read_parquet(sim_file)
     out = tmp_path / "o.parquet"
@@ -281,7 +281,7 @@ def test_bad_inputs_fail_before_any_output(trained, sim_file, tmp_path):
 def test_portable_models_reproduce_pctr(trained, tmp_path, cal):
     onnx = pytest.importorskip("onnx")
     ort = pytest.importorskip("onnxruntime")
-    from hybridrank.export_cli import export
+    from hybridrank.cli.export import export
 
     out = tmp_path / "scores.parquet"
     result = export(export_cfg(trained, out, f"calibrator={cal}", "portable=true"))
@@ -315,7 +315,7 @@ def test_portable_models_reproduce_pctr(trained, tmp_path, cal):
 def test_downsampling_correction_in_export(trained, tmp_path, monkeypatch, mode, reweighted,
                                            applied):
     """A checkpoint that recorded keep rate w = 0.25: the correction shifts the logit by log w."""
-    import hybridrank.export_cli as cli
+    import hybridrank.cli.export as cli
 
     def fake_load(path):
         model = load_model(path)
@@ -337,7 +337,7 @@ def test_downsampling_correction_in_export(trained, tmp_path, monkeypatch, mode,
 @pytest.mark.slow
 def test_evaluate_writes_report(trained, tmp_path):
     pytest.importorskip("matplotlib")
-    from hybridrank.export_cli import evaluate
+    from hybridrank.cli.export import evaluate
 
     cfg = trained["compose"]("eval", f"checkpoint={trained['ckpt']}", f"output_dir={tmp_path}",
                       "calibrator=isotonic", "fields=[item_category]", "n_boot=200")
@@ -380,9 +380,9 @@ def test_metadata_is_strings():
 def test_policies_travel_with_the_model_nan_fill(tmp_path, compose_cfg):
     """Trained with nan_policy=fill, the model fills NaN features of the files it scores with the
     training fill value (issue: export stopped with 'numeric feature ... has missing/NaN/inf')."""
-    from hybridrank.cli import train
-    from hybridrank.export_cli import export
-    from hybridrank.simulate import simulate_clicklog
+    from hybridrank.cli.export import export
+    from hybridrank.cli.train import train
+    from hybridrank.data.simulate import simulate_clicklog
 
     df = simulate_clicklog(n_users=120, seed=2)
     holes = df.with_row_index("i").with_columns(
@@ -435,8 +435,8 @@ def test_load_from_checkpoint_is_self_contained(trained):
 def test_list_aware_model_exports_with_a_request_input(tmp_path, compose_cfg):
     """model=list_aware: scored by whole requests everywhere, portable models take `request`."""
     ort = pytest.importorskip("onnxruntime")
-    from hybridrank.cli import train
-    from hybridrank.export_cli import export
+    from hybridrank.cli.export import export
+    from hybridrank.cli.train import train
 
     result = train(compose_cfg("config", f"paths.output_dir={tmp_path}/run", "model=list_aware",
                                "data.source.n_users=100", "trainer.max_epochs=1"))
@@ -470,7 +470,7 @@ def test_list_aware_model_exports_with_a_request_input(tmp_path, compose_cfg):
 
 @pytest.mark.slow
 def test_auto_calibrator_records_its_decision(trained, tmp_path):
-    from hybridrank.export_cli import export
+    from hybridrank.cli.export import export
 
     out = tmp_path / "scores.parquet"
     export(export_cfg(trained, out, "calibrator=auto"))

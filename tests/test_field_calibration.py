@@ -15,10 +15,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import stats as sps
 
-from hybridrank.calibration_metrics import ece, field_ece, pcoc, pcoc_interval
-from hybridrank.metrics import ListMetrics
-from hybridrank.request_stats import field_stats
-from hybridrank.uncertainty import bootstrap
+from hybridrank.metrics.calibration import ece, field_ece, pcoc, pcoc_interval
+from hybridrank.metrics.list_metrics import ListMetrics
+from hybridrank.metrics.request_stats import field_stats
+from hybridrank.metrics.uncertainty import bootstrap
 
 
 def _brute_field_ece(p, y, codes) -> float:
@@ -158,14 +158,14 @@ def test_model_reports_field_calibration_and_rejects_unknown_fields(compose_cfg,
     """A run with metrics.fields logs f_ece@field that equals the brute force on its scores."""
     import hydra
 
-    from hybridrank.cli import build_model, train
+    from hybridrank.cli.train import build_model, train
 
     cfg = compose_cfg("config", f"paths.output_dir={tmp_path}", "data.source.n_users=120",
                       "trainer.max_epochs=1", "trainer.enable_progress_bar=false",
                       "model.metrics.fields=[item_category]", "intervals.n_boot=0")
     result = train(cfg)
     value = result["test"]["test/f_ece@item_category"]
-    from hybridrank.module import HybridRanker
+    from hybridrank.models.ranker import HybridRanker
 
     model = HybridRanker.load_from_checkpoint(result["best_checkpoint"], weights_only=True)
     splits = hydra.utils.instantiate(cfg.data.source).load()

@@ -25,25 +25,28 @@ from metric_reference import (
 from sklearn.metrics import average_precision_score, ndcg_score, roc_auc_score
 from sklearn.metrics import log_loss as sk_log_loss
 
-from hybridrank.calibration_metrics import auc_from_hist, hist_parts
-from hybridrank.metrics import (
-    ListMetrics,
+from hybridrank.metrics.calibration import (
+    auc_from_hist,
+    bin_index,
+    ece,
+    hist_parts,
+    log_loss,
+    normalized_entropy,
+    pcoc,
+    pcoc_by_position,
+    reliability_table,
+)
+from hybridrank.metrics.list_metrics import ListMetrics
+from hybridrank.metrics.ranking import (
     auc,
     auc_per_list,
     average_precision_per_list,
-    bin_index,
-    ece,
     gauc,
-    log_loss,
     mean_average_precision,
     mrr,
     ndcg,
     ndcg_per_list,
-    normalized_entropy,
-    pcoc,
-    pcoc_by_position,
     reciprocal_rank_per_list,
-    reliability_table,
 )
 
 L2 = math.log2

@@ -13,15 +13,8 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hybridrank.attention import list_layout
-from hybridrank.nets import (
-    DCNv2Scorer,
-    DeepFMScorer,
-    FMScorer,
-    LinearScorer,
-    ListAwareScorer,
-    MLPScorer,
-)
+from hybridrank.models.attention import list_layout
+from hybridrank.models.scorers import DCNv2Scorer, DeepFMScorer, FMScorer, LinearScorer, ListAwareScorer, MLPScorer
 
 
 @pytest.fixture(autouse=True, scope="module")

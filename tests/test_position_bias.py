@@ -9,8 +9,9 @@ import pytest
 import torch
 
 from hybridrank.losses import HybridLoss
-from hybridrank.module import HybridRanker, serve
-from hybridrank.nets import MLPScorer, PositionBias
+from hybridrank.models.position import PositionBias
+from hybridrank.models.ranker import HybridRanker, serve
+from hybridrank.models.scorers import MLPScorer
 
 
 def test_tower_is_zero_at_the_reference_and_clamps_the_tail():
@@ -44,12 +45,13 @@ def test_serve_adds_the_offset_to_the_click_logit_only(n_outputs):
 
 
 def test_model_refuses_position_as_a_feature_or_no_position():
-    from hybridrank.data import ColumnMap, Schema
+    from hybridrank.data.readers import ColumnMap
+    from hybridrank.data.schema import Schema
 
     frame = pl.DataFrame({"r": [1, 1, 2], "y": [0.0, 1.0, 0.0], "x": [0.1, 0.2, 0.3],
                           "position": [1, 2, 1]})
-    tower = {"_target_": "hybridrank.nets.PositionBias"}
-    scorer = {"_target_": "hybridrank.nets.MLPScorer", "_partial_": True}
+    tower = {"_target_": "hybridrank.models.position.PositionBias"}
+    scorer = {"_target_": "hybridrank.models.scorers.MLPScorer", "_partial_": True}
     loss = {"_target_": "hybridrank.losses.HybridLoss"}
     as_feature = Schema.fit(frame, ColumnMap(request="r", label="y", position="position",
                                              numeric=["x", "position"]), 1)
@@ -73,10 +75,10 @@ def test_tower_recovers_ctr_at_position_one_and_ranks_better(tmp_path, compose_c
     """Against the simulator's p_true_ref (the same impression's true CTR at position 1): the
     tower's serving pCTR is calibrated there and ranks better than a position-as-feature model
     scored at the logged positions (what an export of such a model gives an auction)."""
-    from hybridrank.cli import train
-    from hybridrank.export import read_scores
-    from hybridrank.export_cli import export
-    from hybridrank.simulate import simulate_clicklog
+    from hybridrank.cli.export import export
+    from hybridrank.cli.train import train
+    from hybridrank.data.simulate import simulate_clicklog
+    from hybridrank.serving.export import read_scores
 
     users = 2500  # the default simulated log (~270k impressions)
     common = [f"data.source.n_users={users}", "trainer.max_epochs=3", "loss=bce"]
@@ -118,7 +120,8 @@ def test_tower_recovers_ctr_at_position_one_and_ranks_better(tmp_path, compose_c
     from hybridrank.lists import gather_lists, pad_index
     index, mask = pad_index(lengths)
 
-    from hybridrank.uncertainty import paired_bootstrap, ranking_stats
+    from hybridrank.metrics.request_stats import ranking_stats
+    from hybridrank.metrics.uncertainty import paired_bootstrap
 
     gains = gather_lists(torch.from_numpy(p_ref), index, mask)
 

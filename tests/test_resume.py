@@ -38,7 +38,7 @@ def test_sigkill_mid_epoch_then_resume_gives_identical_metrics(tmp_path):
     # the documented command, minus the test's killer callback
     exe = Path(sys.executable).with_name("hybridrank-resume")
     cmd = [str(exe)] if exe.exists() else [sys.executable, "-c",
-                                           "from hybridrank.cli import resume_main; resume_main()"]
+                                           "from hybridrank.cli.train import resume_main; resume_main()"]
     p = run([*cmd, str(crashed), "~callbacks.killer"], tmp_path)
     assert p.returncode == 0, p.stderr[-3000:]
     a = json.loads((full / "metrics.json").read_text())

@@ -8,8 +8,8 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
+from hybridrank.data.sampler import GroupBatchSampler, ListDataset, collate, unit_ids
 from hybridrank.lists import ListData, lengths_to_offsets
-from hybridrank.sampler import GroupBatchSampler, ListDataset, collate, unit_ids
 
 
 def make_data(lengths, sessions=None, users=None, seed=0, ctr=0.2, times=None) -> ListData:

@@ -9,7 +9,8 @@ import polars as pl
 import pytest
 import scipy.special
 
-from hybridrank.simulate import SIM_COLUMNS, main, simulate_clicklog
+from hybridrank.cli.simulate import main
+from hybridrank.data.simulate import SIM_COLUMNS, simulate_clicklog
 
 
 @pytest.fixture(scope="module")

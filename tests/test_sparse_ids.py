@@ -1,5 +1,5 @@
 """Sparse ids at scale: vocabulary policies (min_count, max_size) and hashed columns
-(hybridrank.vocab, Schema, the in-memory and streaming sources)."""
+(hybridrank.data.vocab, Schema, the in-memory and streaming sources)."""
 
 from __future__ import annotations
 
@@ -21,14 +21,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from memprobe import PROBE
 
-import hybridrank.vocab as vocab_mod
-from hybridrank.data import SIM_COLUMNS_MAP, ClickLogSource, ColumnMap, Schema, stable_hash
-from hybridrank.losses import HybridLoss
-from hybridrank.module import HybridRanker
-from hybridrank.nets import MLPScorer
-from hybridrank.simulate import simulate_clicklog
-from hybridrank.streaming import StreamingClickLogSource
-from hybridrank.vocab import (
+import hybridrank.data.vocab as vocab_mod
+from hybridrank.data.hashing import stable_hash
+from hybridrank.data.readers import ColumnMap
+from hybridrank.data.schema import Schema
+from hybridrank.data.simulate import simulate_clicklog
+from hybridrank.data.sources import SIM_COLUMNS_MAP, ClickLogSource
+from hybridrank.data.streaming import StreamingClickLogSource
+from hybridrank.data.vocab import (
     DistinctSketch,
     ValueCounter,
     VocabPolicy,
@@ -37,6 +37,9 @@ from hybridrank.vocab import (
     select_vocab,
     vocab_policies,
 )
+from hybridrank.losses import HybridLoss
+from hybridrank.models.ranker import HybridRanker
+from hybridrank.models.scorers import MLPScorer
 
 CM = ColumnMap(request="r", label="y", categorical=["c"])
 
@@ -222,7 +225,7 @@ def test_in_memory_and_streaming_fits_agree(tmp_path, caplog):
         df.slice(int(cuts[k]), int(cuts[k + 1] - cuts[k])).write_parquet(tmp_path / f"p{k}.parquet")
     cfg = {"min_count": 2, "columns": {"item_id": {"max_size": 50}}, "hash_buckets": {"user_id": 97}}
     ref = Schema.fit(df, SIM_COLUMNS_MAP, 1, vocab=cfg)
-    with caplog.at_level(logging.INFO, logger="hybridrank.streaming"):
+    with caplog.at_level(logging.INFO, logger="hybridrank.data.streaming"):
         src = StreamingClickLogSource(str(tmp_path / "p*.parquet"), SIM_COLUMNS_MAP, chunk_rows=700,
                                       vocab=cfg)
         got = src.schema
@@ -324,10 +327,10 @@ _BIG = PROBE + """
 import json, sys
 import pytorch_lightning as lightning
 from hybridrank.losses import HybridLoss
-from hybridrank.module import HybridRanker
-from hybridrank.nets import MLPScorer
-from hybridrank.readers import ColumnMap
-from hybridrank.streaming import StreamingClickLogSource
+from hybridrank.models.ranker import HybridRanker
+from hybridrank.models.scorers import MLPScorer
+from hybridrank.data.readers import ColumnMap
+from hybridrank.data.streaming import StreamingClickLogSource
 base = reset_peak()
 glob, buckets, dim = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 cm = ColumnMap(request="request_id", label="click", numeric=["x"], categorical=["ad_id"])

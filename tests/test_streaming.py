@@ -1,4 +1,4 @@
-"""Larger-than-memory click logs: streaming parquet chunks of whole requests (hybridrank.streaming)."""
+"""Larger-than-memory click logs: streaming parquet chunks of whole requests (hybridrank.data.streaming)."""
 
 from __future__ import annotations
 
@@ -16,12 +16,13 @@ import torch
 from memprobe import PROBE
 from torch.utils.data import DataLoader
 
-from hybridrank.data import SIM_COLUMNS_MAP, Schema
+from hybridrank.data.schema import Schema
+from hybridrank.data.simulate import simulate_clicklog
+from hybridrank.data.sources import SIM_COLUMNS_MAP
+from hybridrank.data.streaming import StreamingClickLogSource
 from hybridrank.losses import HybridLoss
-from hybridrank.module import HybridRanker
-from hybridrank.nets import MLPScorer
-from hybridrank.simulate import simulate_clicklog
-from hybridrank.streaming import StreamingClickLogSource
+from hybridrank.models.ranker import HybridRanker
+from hybridrank.models.scorers import MLPScorer
 
 N_FILES = 8
 
@@ -62,7 +63,7 @@ def small_log(tmp_path_factory) -> dict:
 _PRELUDE = PROBE + """
 import json, sys
 from hybridrank.data import SIM_COLUMNS_MAP, Schema
-from hybridrank.streaming import StreamingClickLogSource
+from hybridrank.data.streaming import StreamingClickLogSource
 base = reset_peak()
 """
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from hybridrank.cli import format_table, train
+from hybridrank.cli.train import format_table, train
 
 SMALL = ["data.source.n_users=800", "trainer.enable_progress_bar=false"]
 
@@ -89,7 +89,7 @@ def test_console_script_multirun(tmp_path):
 @pytest.mark.slow
 def test_streamed_click_log_trains_from_the_config(tmp_path, compose_cfg):
     """data=clicklog_stream: the larger-than-memory path, same column map as data=clicklog."""
-    from hybridrank.simulate import simulate_clicklog
+    from hybridrank.data.simulate import simulate_clicklog
 
     simulate_clicklog(n_users=300, seed=1).write_parquet(tmp_path / "log.parquet",
                                                         row_group_size=2000)
@@ -107,8 +107,8 @@ def test_streamed_click_log_trains_from_the_config(tmp_path, compose_cfg):
 def test_without_negative_reweighting_the_export_corrects(tmp_path, make_cfg, compose_cfg):
     """A CLI run whose capped negatives are not re-weighted records it; correction=auto then
     applies q = p / (p + (1 - p) / w) at export, as docs/EXPORT.md says."""
-    from hybridrank.export import read_scores
-    from hybridrank.export_cli import export
+    from hybridrank.cli.export import export
+    from hybridrank.serving.export import read_scores
 
     result = train(make_cfg(tmp_path / "run", "batching=session", "data.max_unit_size=20",
                             "data.reweight_negatives=false", "trainer.max_epochs=1"))

@@ -13,20 +13,22 @@ from hypothesis import strategies as st
 from strategies import padded_lists
 
 from hybridrank import metrics as M
-from hybridrank.uncertainty import (
-    Interval,
+from hybridrank.metrics.request_stats import (
     RequestStats,
-    bootstrap,
-    bootstrap_replicates,
     calibration_stats,
     check_same_requests,
-    compare_bootstrap,
-    format_interval,
     frame_stats,
-    paired_bootstrap,
     ranking_stats,
     ratio_stats,
     request_offsets,
+)
+from hybridrank.metrics.uncertainty import (
+    Interval,
+    bootstrap,
+    bootstrap_replicates,
+    compare_bootstrap,
+    format_interval,
+    paired_bootstrap,
     resample_counts,
 )
 

@@ -22,9 +22,10 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-from .auction import MECHANISMS, auction_stats, position_factors, replay_auctions
-from .export import read_score_table, require_columns
-from .uncertainty import compare_bootstrap, format_interval, request_offsets
+from hybridrank.metrics.request_stats import request_offsets
+from hybridrank.metrics.uncertainty import compare_bootstrap, format_interval
+from hybridrank.serving.auction import MECHANISMS, auction_stats, position_factors, replay_auctions
+from hybridrank.serving.export import read_score_table, require_columns
 
 __all__ = ["compare_auctions", "main"]
 
@@ -58,7 +59,7 @@ def compare_auctions(frames: Mapping[str, pl.DataFrame], *, truth: np.ndarray | 
         frames: name -> frame with ``request``, ``bid``, ``score`` columns (same rows in all).
         truth: ``[N]`` true pCTR; default: the ``true_column`` of the frames that have it (equal
             across them). Without any, the numbers are the models' own estimates (said loudly).
-        slots, slot_factors, mechanism, reserve, reserve_ecpm: :func:`hybridrank.auction.replay_auctions`.
+        slots, slot_factors, mechanism, reserve, reserve_ecpm: :func:`hybridrank.serving.auction.replay_auctions`.
         per: requests the per-request means are scaled to. n_boot, alpha, seed: the bootstrap.
 
     Returns:

@@ -1,6 +1,6 @@
 """The one click-log chunker: parquet / CSV files in chunks of whole requests.
 
-The streaming training source (:mod:`hybridrank.streaming`) and ``hybridrank-export input=...``
+The streaming training source (:mod:`hybridrank.data.streaming`) and ``hybridrank-export input=...``
 both read files through :class:`ClickLogScanner`. A first pass reads only the request key
 column, one file at a time, and cuts the log into chunks of about ``chunk_rows`` impressions at
 request boundaries (:func:`hybridrank.lists.pack`; a longer request is a chunk of its own).
@@ -24,9 +24,8 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from .data import stable_hash
-from .lists import pack
-from .readers import (
+from hybridrank.data.hashing import stable_hash
+from hybridrank.data.readers import (
     SOURCE_FILE,
     SOURCE_ROW,
     ColumnMap,
@@ -36,6 +35,7 @@ from .readers import (
     request_key_expr,
     scan_clicklog,
 )
+from hybridrank.lists import pack
 
 __all__ = ["Chunk", "ClickLogScanner"]
 
@@ -72,7 +72,7 @@ class ClickLogScanner:
 
     Args:
         path: a file, a glob or a list of files.
-        columns: the :class:`~hybridrank.readers.ColumnMap` (or its mapping).
+        columns: the :class:`~hybridrank.data.readers.ColumnMap` (or its mapping).
         chunk_rows: impressions per chunk (the memory knob).
         scattered: ``"error"`` (default) refuses a log whose requests are not contiguous;
             ``"allow"`` reads it by request-key semi-joins.

@@ -1,9 +1,9 @@
 """Larger-than-memory click logs: training and evaluation one chunk of whole requests at a time.
 
-:class:`StreamingClickLogSource` reads files through :class:`~hybridrank.scanner.ClickLogScanner`
+:class:`StreamingClickLogSource` reads files through :class:`~hybridrank.data.scanner.ClickLogScanner`
 (the chunker exports use too) and adds the data layer of the in-memory
-:class:`~hybridrank.data.ClickLogSource`: the same column map, the same value policies through
-:func:`~hybridrank.readers.validate_frame` (errors name the file and 1-based row), and a split of
+:class:`~hybridrank.data.sources.ClickLogSource`: the same column map, the same value policies through
+:func:`~hybridrank.data.readers.validate_frame` (errors name the file and 1-based row), and a split of
 each chunk by a stable hash of the request / session / user key. Its schema (scaler,
 vocabularies) is fitted in one streaming pass over the training rows (or the first ``fit_rows``),
 or given (a checkpoint's). :class:`StreamingListDataset` turns each chunk into
@@ -37,12 +37,14 @@ import pytorch_lightning as lightning
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from .data import POLICY_DEFAULTS, Schema, split_frame, stable_hash
-from .lists import Batch, ListData
-from .readers import MAX_REQUEST_SPAN, ColumnMap, request_key_expr
-from .sampler import GroupBatchSampler, capped_sizes, collate, unit_ids
-from .scanner import Chunk, ClickLogScanner
-from .vocab import DistinctSketch, ValueCounter, select_vocab, table_report, vocab_policies
+from hybridrank.data.hashing import stable_hash
+from hybridrank.data.readers import MAX_REQUEST_SPAN, ColumnMap, request_key_expr
+from hybridrank.data.sampler import GroupBatchSampler, capped_sizes, collate, unit_ids
+from hybridrank.data.scanner import Chunk, ClickLogScanner
+from hybridrank.data.schema import POLICY_DEFAULTS, Schema
+from hybridrank.data.sources import split_frame
+from hybridrank.data.vocab import DistinctSketch, ValueCounter, select_vocab, table_report, vocab_policies
+from hybridrank.lists import Batch, ListData
 
 __all__ = ["StreamingClickLogSource", "StreamingListDataset", "StreamingDataModule"]
 
@@ -59,19 +61,19 @@ class StreamingClickLogSource:
 
     Args:
         path: a file, a glob (``logs/day=*/part-*.parquet``) or a list of files.
-        columns: the :class:`~hybridrank.readers.ColumnMap` (or the ``columns:`` config node).
+        columns: the :class:`~hybridrank.data.readers.ColumnMap` (or the ``columns:`` config node).
         split: ``{"by": "hash", "val": .1, "test": .2, "key": "request"|"session"|"user",
             "seed": 0}`` applied to every chunk (a stable hash of the key, so a key's rows land
             in one split whatever chunk they are in); ``None``: every row is training data.
             ``by: time`` is refused (it needs every key's start time before the first chunk).
         label_max, nan_policy, fill_value, duplicates, max_request_span: as
-            :class:`~hybridrank.data.ClickLogSource` (checked per chunk; chunks hold whole
+            :class:`~hybridrank.data.sources.ClickLogSource` (checked per chunk; chunks hold whole
             requests, so request-level checks see whole requests).
         chunk_rows: impressions per chunk (the memory knob).
         fit_rows: fit the schema on the first ``fit_rows`` training rows (whole chunks) instead
             of all: faster; ids first seen later go to the OOV bucket 0.
         normalize: standardise numeric features (as :meth:`Schema.fit`).
-        vocab: vocabulary policies, as :class:`~hybridrank.data.ClickLogSource`. The pass counts
+        vocab: vocabulary policies, as :class:`~hybridrank.data.sources.ClickLogSource`. The pass counts
             the values of vocabulary columns in polars columns merged as it goes (exact counts,
             so ``min_count`` / ``max_size`` give the in-memory fit's vocabulary; memory grows with
             the distinct values); hashed columns accumulate nothing but a 16 KiB HyperLogLog
@@ -120,7 +122,7 @@ class StreamingClickLogSource:
     def read_frame(self, chunk: Chunk, split: str | None = None) -> pl.DataFrame:
         """The validated frame of a chunk (errors name the file and 1-based row), or of the rows
         of one split of it."""
-        from .readers import validate_frame
+        from hybridrank.data.readers import validate_frame
 
         frame = validate_frame(self.scanner.read(chunk), self.columns, label_max=self.label_max,
                                name=self.scanner.pattern, **self.policies)
@@ -232,7 +234,7 @@ class StreamingListDataset(IterableDataset):
         source: the :class:`StreamingClickLogSource`.
         split: which split's rows (``"train"``, ``"val"``, ``"test"``).
         budget, scope, window, max_unit_size, reweight_negatives: as
-            :class:`~hybridrank.sampler.GroupBatchSampler` / :func:`~hybridrank.sampler.collate`
+            :class:`~hybridrank.data.sampler.GroupBatchSampler` / :func:`~hybridrank.data.sampler.collate`
             (scopes pool within a chunk). For evaluation splits use ``scope="request"``,
             ``max_unit_size=None`` and ``shuffle=False``; the budget then grows to the longest
             request of a chunk.
@@ -340,7 +342,7 @@ def _identity(batch):
 class StreamingDataModule(lightning.LightningDataModule):
     """The ``LightningDataModule`` of a streamed click log (``conf/data/clicklog_stream.yaml``).
 
-    Same batching keys as :class:`~hybridrank.datamodule.ListDataModule`; the training rows are
+    Same batching keys as :class:`~hybridrank.data.datamodule.ListDataModule`; the training rows are
     streamed chunk by chunk every epoch, validation and test likewise (one chunk at a time,
     metrics accumulate exact sums). The first use runs one pass over the training rows to fit the
     schema and count the negatives the batching cap keeps (``neg_keep_rate``).

@@ -21,9 +21,9 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-from .export import read_score_table, require_columns
-from .request_stats import frame_stats
-from .uncertainty import compare_bootstrap, format_interval
+from hybridrank.metrics.request_stats import frame_stats
+from hybridrank.metrics.uncertainty import compare_bootstrap, format_interval
+from hybridrank.serving.export import read_score_table, require_columns
 
 __all__ = ["compare_scores", "main"]
 

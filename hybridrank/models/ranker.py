@@ -2,7 +2,7 @@
 
 :class:`HybridRanker` receives its parts as configs (what ``conf/model`` holds: ``scorer``,
 ``loss``, ``optimizer``, ``scheduler``, ``metrics``) plus ``data``, what it was trained on (the
-:class:`~hybridrank.data.Schema` with its value policies, the base rate, the negative keep rate).
+:class:`~hybridrank.data.schema.Schema` with its value policies, the base rate, the negative keep rate).
 It builds the scorer itself from the schema's feature sizes and ``loss.n_outputs`` and keeps all of
 it in its hyper-parameters, so ``HybridRanker.load_from_checkpoint(path)`` is the one way to get a
 trained model back, with nothing else to pass.
@@ -25,9 +25,9 @@ import torch
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from torch import nn
 
-from .lists import Batch, ListData, gather_lists, pad_index
-from .losses import HybridLoss
-from .metrics import ListMetrics
+from hybridrank.lists import Batch, ListData, gather_lists, pad_index
+from hybridrank.losses import HybridLoss
+from hybridrank.metrics.list_metrics import ListMetrics
 
 __all__ = ["HybridRanker", "serve", "evaluate_logits", "evaluate_chunks"]
 
@@ -97,11 +97,11 @@ class HybridRanker(pl.LightningModule):
         loss: a :class:`~hybridrank.losses.HybridLoss` config, or the loss itself.
         optimizer: a config / partial taking the parameters (default Adam, lr 1e-3).
         scheduler: optional config / partial taking the optimizer.
-        metrics: :class:`~hybridrank.metrics.ListMetrics` config (``_target_`` optional) or its
+        metrics: :class:`~hybridrank.metrics.list_metrics.ListMetrics` config (``_target_`` optional) or its
             keyword arguments: the conventions of every metric the model reports. Its ``fields``
             is a list of categorical feature names to calibrate by (``f_ece@{name}``; the number
             of values comes from the schema).
-        position_bias: optional position-bias tower config (:class:`~hybridrank.nets.PositionBias`):
+        position_bias: optional position-bias tower config (:class:`~hybridrank.models.position.PositionBias`):
             training and validation add ``bias(logged position)`` to the click logit, serving
             (``forward``, exports, portable models) scores at the tower's reference position.
             The data must have positions, and position must not also be a feature.
@@ -213,7 +213,7 @@ class HybridRanker(pl.LightningModule):
     @property
     def metric_conventions(self) -> dict[str, Any]:
         """The metric conventions (``ks``, ``gain``, ``bins`` ...): the metrics config without its
-        target and fields, as :func:`~hybridrank.uncertainty.split_intervals` takes them."""
+        target and fields, as :func:`~hybridrank.metrics.uncertainty.split_intervals` takes them."""
         return {k: v for k, v in self.metric_config.items()
                 if k not in ("_target_", "_partial_", "fields")}
 
@@ -236,8 +236,8 @@ class HybridRanker(pl.LightningModule):
 
     @property
     def schema(self):
-        """The :class:`~hybridrank.data.Schema` the model reads data with (None if not given)."""
-        from .data import Schema
+        """The :class:`~hybridrank.data.schema.Schema` the model reads data with (None if not given)."""
+        from hybridrank.data.schema import Schema
 
         return Schema.coerce(self.data_info.get("schema"))
 

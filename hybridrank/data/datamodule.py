@@ -1,4 +1,4 @@
-"""The ``LightningDataModule``: a thin shell around :class:`~hybridrank.data.Splits` and the sampler."""
+"""The ``LightningDataModule``: a thin shell around :class:`~hybridrank.data.sources.Splits` and the sampler."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from typing import Any
 import pytorch_lightning as pl
 from torch.utils.data import DataLoader
 
-from .lists import ListData
-from .sampler import GroupBatchSampler, ListDataset
+from hybridrank.data.sampler import GroupBatchSampler, ListDataset
+from hybridrank.lists import ListData
 
 __all__ = ["ListDataModule", "ResumableLoader"]
 

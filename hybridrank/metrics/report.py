@@ -20,8 +20,8 @@ from typing import Any
 
 import torch
 
-from .atomic import atomic_path, write_json
-from .calibration_metrics import (
+from hybridrank.atomic import atomic_path, write_json
+from hybridrank.metrics.calibration import (
     ece,
     field_ece,
     log_loss,
@@ -67,7 +67,7 @@ def calibration_summary(p, labels, positions=None, *, bins: int = 15, binning: s
         fields: ``{name: [N] int codes}`` of fields to calibrate by (category, device, ...).
         field_labels: ``{name: callable code -> str}`` naming the codes in the output.
         alpha: per-value PCOC intervals are exact ``1 - alpha`` Poisson intervals on the clicks
-            (:func:`~hybridrank.calibration_metrics.pcoc_interval`).
+            (:func:`~hybridrank.metrics.calibration.pcoc_interval`).
 
     Returns:
         JSON-able dict: ``n``, ``positives``, ``logloss``, ``ece``, ``pcoc`` (None if no click),

@@ -71,7 +71,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .request_stats import RequestStats, ratio, request_offsets
+from hybridrank.metrics.request_stats import RequestStats, ratio, request_offsets
 
 __all__ = ["MECHANISMS", "AuctionOutcome", "AuctionResult", "run_auction", "replay_auctions",
            "replay_frame", "auction_stats", "position_factors"]
@@ -379,7 +379,7 @@ def replay_frame(frame, *, score: str = "pctr", true: str | None = "p_true", bid
 
 
 def auction_stats(result: AuctionResult, *, which: str = "model", per: float = 1000.0) -> RequestStats:
-    """Per-request statistics of an auction replay, for :mod:`hybridrank.uncertainty`.
+    """Per-request statistics of an auction replay, for :mod:`hybridrank.metrics.uncertainty`.
 
     Metrics: ``clicks``, ``revenue``, ``welfare``, ``total_welfare``, ``surplus``, ``filled`` per
     ``per`` requests, and with an oracle ``welfare_share``, ``total_welfare_share``,

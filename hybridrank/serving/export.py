@@ -31,9 +31,9 @@ import polars as pl
 import torch
 from torch import nn
 
-from .atomic import atomic_path, check_writable
-from .calibration import Calibrator, IdentityCalibrator
-from .lists import ListData
+from hybridrank.atomic import atomic_path, check_writable
+from hybridrank.lists import ListData
+from hybridrank.serving.calibration import Calibrator, IdentityCalibrator
 
 __all__ = [
     "META_KEYS", "sha256_file", "PortableRanker", "export_torchscript", "export_onnx",
@@ -66,14 +66,14 @@ class PortableRanker(nn.Module):
 
     ``forward(num [B, F] float32, cat [B, C] int64[, request [B] int64]) -> pctr [B]``: the
     model's serving path
-    (:func:`hybridrank.module.serve`: scorer, then the loss's click logit, exactly what
-    :meth:`~hybridrank.module.HybridRanker.predict` runs), plus ``shift``, through the
+    (:func:`hybridrank.models.ranker.serve`: scorer, then the loss's click logit, exactly what
+    :meth:`~hybridrank.models.ranker.HybridRanker.predict` runs), plus ``shift``, through the
     calibrator. Holds no optimizer, metric or Lightning state: it is what an auction server runs.
 
     Args:
-        model: the trained :class:`~hybridrank.module.HybridRanker` (its scorer and loss are
+        model: the trained :class:`~hybridrank.models.ranker.HybridRanker` (its scorer and loss are
             copied).
-        calibrator: a fitted :class:`~hybridrank.calibration.Calibrator` (default: none).
+        calibrator: a fitted :class:`~hybridrank.serving.calibration.Calibrator` (default: none).
         shift: logit shift of the downsampling correction (``log w``, or 0).
 
     A list-aware scorer (``scorer.list_aware``) scores an impression in the context of its
@@ -95,7 +95,7 @@ class PortableRanker(nn.Module):
 
     def forward(self, num: torch.Tensor, cat: torch.Tensor,
                 request: torch.Tensor | None = None) -> torch.Tensor:
-        from .module import serve
+        from hybridrank.models.ranker import serve
 
         return self.calibrator(serve(self.scorer, self.loss, num, cat, request)[0] + self.shift)
 
@@ -178,8 +178,8 @@ def score_frame(model: nn.Module, data: ListData, calibrator: Calibrator | None 
     """Score whole requests into the export's rows (``docs/EXPORT.md``).
 
     Args:
-        model: the trained :class:`~hybridrank.module.HybridRanker`; scored with
-            :meth:`~hybridrank.module.HybridRanker.predict_split` (the one scoring path).
+        model: the trained :class:`~hybridrank.models.ranker.HybridRanker`; scored with
+            :meth:`~hybridrank.models.ranker.HybridRanker.predict_split` (the one scoring path).
         data: whole requests (a split or a chunk of one).
         calibrator: applied to ``logit + shift``; default none.
         shift: downsampling-correction logit shift (``log w``) or 0.
@@ -236,7 +236,7 @@ def build_metadata(*, checkpoint_path: str, checkpoint_sha256: str, config: Mapp
                    calibrator: Calibrator, neg_keep_rate: float, correction_applied: bool,
                    **extra: Any) -> dict[str, str]:
     """The file-level metadata of an export, as strings (structured values JSON-encoded)."""
-    from . import __version__
+    from hybridrank import __version__
 
     meta: dict[str, Any] = {
         "hybridrank_version": __version__,

@@ -1,9 +1,9 @@
 """Click-log reading (parquet / CSV), the column map, types, and value validation.
 
 :func:`scan_clicklog` is the one scanner of click-log files (the in-memory reader
-:func:`read_clicklog`, :class:`hybridrank.scanner.ClickLogScanner` for streaming and exports use
+:func:`read_clicklog`, :class:`hybridrank.data.scanner.ClickLogScanner` for streaming and exports use
 it); :func:`validate_frame` is the one place where values are checked, for every source (the
-LibSVM reader in :mod:`hybridrank.libsvm` included). Vectorised polars expressions, never a
+LibSVM reader in :mod:`hybridrank.data.libsvm` included). Vectorised polars expressions, never a
 Python loop per row, and every error says what is wrong and where: file, 1-based line / row, the
 offending value.
 """

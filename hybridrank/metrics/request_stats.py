@@ -3,18 +3,18 @@
 A :class:`RequestStats` holds ``columns`` (name -> ``[R]`` or ``[R, m]`` float64 per-request sums,
 computed once, vectorised) and ``metrics`` (name -> :class:`Statistic`, a function of the column
 totals). Summing the columns over requests gives the point estimate; weighting them with resample
-counts gives a bootstrap replicate (:mod:`hybridrank.uncertainty`). Point estimates equal the
+counts gives a bootstrap replicate (:mod:`hybridrank.metrics.uncertainty`). Point estimates equal the
 one-shot functions of :mod:`hybridrank.metrics` with the same conventions:
 
 - ``ndcg@k``, ``map``, ``mrr``: sum of the per-list value over valid lists / number of valid lists
   (``empty`` and ``ties`` as in :mod:`hybridrank.metrics`; under ``empty="skip"`` lists without a
   positive are not valid, so the denominator is itself resampled).
 - ``gauc``: ``sum_g n_g AUC_g / sum_g n_g`` over lists with both classes.
-- ``logloss`` (clipped as :func:`hybridrank.metrics.log_loss`), ``ne``, ``pcoc``, ``ctr``: ratios
+- ``logloss`` (clipped as :func:`hybridrank.metrics.calibration.log_loss`), ``ne``, ``pcoc``, ``ctr``: ratios
   of per-request sums (log-loss sum, count, sum p, sum y).
 - ``ece``: per-request, per-bin sums of p and y. **Approximation**: the bin of every impression
   is fixed once from the full sample (quantile edges of the full sample's p, the rule of
-  :func:`hybridrank.metrics.bin_index`); a replicate does not recompute its own quantiles. The
+  :func:`hybridrank.metrics.calibration.bin_index`); a replicate does not recompute its own quantiles. The
   point estimate is exact; replicate ECEs differ from "recompute the bins" by the few impressions
   whose bin would move.
 - global ``auc`` is not a sum over requests and is not offered.
@@ -31,10 +31,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from .calibration_metrics import EPS, bin_index
-from .lists import pad_index
-from .metrics import (
-    _check_binning,
+from hybridrank.lists import pad_index
+from hybridrank.metrics.calibration import EPS, _check_binning, bin_index
+from hybridrank.metrics.ranking import (
     _check_options,
     _resolve_ks,
     auc_per_list,
@@ -322,7 +321,7 @@ def calibration_stats(p, labels, mask, *, bins: int = 15, binning: str = "quanti
 
     Args:
         p: ``[G, L]`` probabilities in [0, 1]. labels: ``[G, L]`` (``y = label > 0``).
-        mask: ``[G, L]`` bool. bins, binning: as :func:`hybridrank.metrics.ece`.
+        mask: ``[G, L]`` bool. bins, binning: as :func:`hybridrank.metrics.calibration.ece`.
         request_key: optional ``[G]`` request ids.
 
     >>> p = torch.tensor([[0.2, 0.4], [0.6, 0.0]]); y = torch.tensor([[0., 1.], [0., 0.]])
@@ -372,7 +371,7 @@ def field_stats(p, labels, mask, fields: Mapping[str, Any], *, request_key=None)
     """Per-request statistics of the field-level ECE ``f_ece@{field}`` of each field.
 
     ``F-ECE = sum_v |sum_p_v - sum_y_v| / n`` over the values ``v`` of the field
-    (:func:`hybridrank.calibration_metrics.field_ece`); the columns are each request's predicted
+    (:func:`hybridrank.metrics.calibration.field_ece`); the columns are each request's predicted
     and observed clicks per value present, so a bootstrap over requests resamples it exactly.
 
     Args:
@@ -441,10 +440,10 @@ def split_stats(data, logits: torch.Tensor, *, ks: Sequence[int | None] = (10,),
     """Ranking + calibration statistics of flat ``[N]`` logits on a split (``ListData``).
 
     The probability is ``σ(logit)``; requests are the split's, in storage order; conventions as
-    :class:`~hybridrank.metrics.ListMetrics` (the keyword arguments of a metrics config).
+    :class:`~hybridrank.metrics.list_metrics.ListMetrics` (the keyword arguments of a metrics config).
     ``fields``: ``{name: [N] int codes}`` adds ``f_ece@{name}`` (:func:`field_stats`).
     """
-    from .lists import gather_lists
+    from hybridrank.lists import gather_lists
 
     idx, mask = pad_index(data.lengths)
     p = gather_lists(torch.sigmoid(logits.double()), idx, mask)

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .lists import Batch, ListData, lengths_to_offsets, pack, pad_index
+from hybridrank.lists import Batch, ListData, lengths_to_offsets, pack, pad_index
 
 __all__ = ["SCOPES", "unit_ids", "GroupBatchSampler", "ListDataset", "collate", "EpochPlan", "capped_sizes"]
 

@@ -35,10 +35,10 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from .attention import ListAttentionBlock, check_request, list_layout
+from hybridrank.models.attention import ListAttentionBlock, check_request, list_layout
 
 __all__ = ["MLPScorer", "LinearScorer", "FMScorer", "DeepFMScorer", "DCNv2Scorer", "ListAwareScorer",
-           "PositionBias", "embedding_dim", "init_output_bias"]
+           "embedding_dim", "init_output_bias"]
 
 
 def embedding_dim(vocab_size: int, cap: int) -> int:
@@ -339,7 +339,7 @@ class ListAwareScorer(nn.Module):
 
     Each impression is encoded on its own (``[num, emb(cat)] -> MLP -> d_model``), then
     ``n_layers`` pre-norm Transformer blocks let it attend to the impressions of its request
-    (:class:`~hybridrank.attention.ListAttentionBlock`; never to other requests of the batch nor
+    (:class:`~hybridrank.models.attention.ListAttentionBlock`; never to other requests of the batch nor
     to padding), then ``LayerNorm -> Linear`` gives the logits. No positional encoding: permuting
     a request's impressions permutes their outputs (give the display position as a feature if it
     matters). The output weights start at 0, so the click logit starts at ``logit(base_rate)``.
@@ -349,7 +349,7 @@ class ListAwareScorer(nn.Module):
     ``request`` is required (a ValueError otherwise): the rows of one request must be adjacent,
     and batches must hold whole requests, since a request cut in two is scored as two lists.
     Attention runs on padded blocks of lists of similar lengths, computed from ``request`` with
-    tensor operations only (:func:`~hybridrank.attention.list_layout`, which also gives the
+    tensor operations only (:func:`~hybridrank.models.attention.list_layout`, which also gives the
     memory), so a ``torch.jit.trace`` (TorchScript) or ONNX export serves any batch size, number
     of lists and list lengths, and computes what eager PyTorch does.
 
@@ -419,53 +419,3 @@ def init_output_bias(head: nn.Linear, base_rate: float | None) -> None:
     with torch.no_grad():
         head.bias.zero_()
         head.bias[-1] = torch.logit(torch.tensor(p, dtype=torch.float64)).item()
-
-
-class PositionBias(nn.Module):
-    """A shallow position-bias tower: a learned logit offset per display position.
-
-    Training uses ``logit = relevance(x) + bias(position)``; serving, where candidates are scored
-    before positions exist, uses the relevance part alone, which *is* the logit at the reference
-    position: ``bias(reference_position) = 0`` by construction (``bias(p) = w[p] - w[ref]``),
-    so the constant the two parts could trade is pinned. Additive on the logit scale, as the
-    examination models of position-bias estimation (Craswell et al. 2008; the shallow tower of
-    Zhao et al. 2019, YouTube) and as the simulator's own ``- 0.5 · log(position)``.
-
-    Args:
-        max_position: positions above it share its offset (the tail of a long list is rare).
-        reference_position: the position whose click probability the serving pCTR is (1: the
-            top slot). Per-position factors for an auction are :meth:`offsets`.
-        scale: the offsets are ``scale × weight``. Adam moves every parameter by about the
-            learning rate per step whatever its gradient's size, so a few hundred steps at
-            ``lr = 2e-3`` move a plain offset by well under the ``~1.5`` a position effect spans;
-            the scale gives the tower's handful of parameters a proportionally larger step.
-
-    >>> b = PositionBias(max_position=5)
-    >>> b(torch.tensor([1, 3, 9])).tolist()    # zero-initialised: no effect until trained
-    [0.0, 0.0, 0.0]
-    """
-
-    def __init__(self, max_position: int = 20, reference_position: int = 1, scale: float = 50.0):
-        super().__init__()
-        if not 1 <= int(reference_position) <= int(max_position):
-            raise ValueError(f"reference_position={reference_position} must lie in "
-                             f"[1, max_position={max_position}]")
-        if not float(scale) > 0:
-            raise ValueError(f"scale must be > 0, got {scale}")
-        self.max_position, self.reference_position = int(max_position), int(reference_position)
-        self.scale = float(scale)
-        self.weight = nn.Parameter(torch.zeros(self.max_position))
-
-    def _table(self) -> torch.Tensor:
-        return self.scale * (self.weight - self.weight[self.reference_position - 1])
-
-    def forward(self, position: torch.Tensor) -> torch.Tensor:
-        """``[B]`` logit offsets of 1-based positions ``[B]`` (relative to the reference)."""
-        idx = position.long().clamp(1, self.max_position) - 1
-        return self._table()[idx]
-
-    @torch.no_grad()
-    def offsets(self) -> list[float]:
-        """Logit offset of positions ``1..max_position`` (0 at the reference): an auction's expected
-        CTR in slot ``j`` is ``σ(logit(pctr) + offsets[j - 1])``."""
-        return self._table().double().tolist()

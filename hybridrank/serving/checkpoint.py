@@ -12,7 +12,7 @@ from typing import Any
 import torch
 from pytorch_lightning.plugins.io import TorchCheckpointIO
 
-from .atomic import atomic_path
+from hybridrank.atomic import atomic_path
 
 __all__ = ["AtomicCheckpointIO", "atomic_torch_save"]
 

@@ -17,7 +17,7 @@ deterministic and the same for an in-memory and a streamed fit. ``min_count`` is
 (the two commute). The defaults keep every training value: the codes of earlier versions.
 
 **Hashed columns** store no vocabulary: code = ``1 + (stable_hash(str(value)) mod n)`` with
-:func:`hybridrank.data.stable_hash` (seed 0; the same on every machine), 0 for a missing value.
+:func:`hybridrank.data.hashing.stable_hash` (seed 0; the same on every machine), 0 for a missing value.
 Memory is O(n) whatever the number of distinct values, and a value never seen in training still
 gets a trained row, shared with the training values of its bucket. Collisions are the price: with
 ``D`` distinct values in ``n`` buckets, a value shares its bucket with another with probability
@@ -41,6 +41,8 @@ from dataclasses import dataclass
 
 import numpy as np
 import polars as pl
+
+from hybridrank.data.hashing import stable_hash
 
 __all__ = ["VocabPolicy", "vocab_policies", "select_vocab", "ValueCounter", "VocabIndex",
            "DistinctSketch", "hash_codes", "collision_share", "table_bytes", "table_report"]
@@ -308,7 +310,6 @@ def hash_codes(values: pl.Series, buckets: int) -> np.ndarray:
     >>> hash_codes(pl.Series([None, "a"]), 4)[0], 1 <= hash_codes(pl.Series(["a"]), 4)[0] <= 4
     (np.int64(0), np.True_)
     """
-    from .data import stable_hash  # data imports this module
 
     n = len(values)
     out = np.zeros(n, dtype=np.int64)
@@ -394,7 +395,7 @@ def table_report(schema, distinct: Mapping[str, tuple[float, bool]] | None = Non
     embedding dimension over all tables (``x dim``; ``x 3`` while training with Adam).
 
     Args:
-        schema: a fitted :class:`~hybridrank.data.Schema`.
+        schema: a fitted :class:`~hybridrank.data.schema.Schema`.
         distinct: ``{column: (count, exact)}`` of distinct train values, where known.
     """
     distinct = dict(distinct or {})

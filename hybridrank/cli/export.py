@@ -5,14 +5,14 @@ two thin ``@hydra.main`` wrappers (``conf/export.yaml``, ``conf/eval.yaml``). Th
 the pieces they share with training:
 
 - the model: ``HybridRanker.load_from_checkpoint`` (it carries its data schema, value policies
-  included) and its one scoring path :meth:`~hybridrank.module.HybridRanker.predict_split`;
+  included) and its one scoring path :meth:`~hybridrank.models.ranker.HybridRanker.predict_split`;
 - the data: the checkpoint's training data config (or ``data=<option>``) read **with the
   checkpoint's schema**, split by split in chunks of whole requests; or ``input=<files>`` read by
-  :class:`~hybridrank.scanner.ClickLogScanner` and :meth:`~hybridrank.data.Schema.read` (cast,
+  :class:`~hybridrank.data.scanner.ClickLogScanner` and :meth:`~hybridrank.data.schema.Schema.read` (cast,
   validate under the training-time policies, encode);
 - the negative-downsampling correction (``correction: auto|always|never``) and the calibrator,
   fitted on the validation split of the training data;
-- :func:`~hybridrank.export.score_frame` and :class:`~hybridrank.export.ScoreWriter`.
+- :func:`~hybridrank.serving.export.score_frame` and :class:`~hybridrank.serving.export.ScoreWriter`.
 """
 
 from __future__ import annotations
@@ -29,15 +29,20 @@ import polars as pl
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from .atomic import check_writable
-from .calibration import (
+from hybridrank.atomic import check_writable
+from hybridrank.cli.train import CONF_DIR
+from hybridrank.lists import ListData
+from hybridrank.metrics.report import calibration_summary, write_report
+from hybridrank.metrics.uncertainty import split_intervals
+from hybridrank.models.ranker import HybridRanker, evaluate_chunks
+from hybridrank.serving.calibration import (
     AutoCalibrator,
     Calibrator,
     IdentityCalibrator,
     correction_shift,
     resolve_correction,
 )
-from .export import (
+from hybridrank.serving.export import (
     ScoreWriter,
     build_metadata,
     export_onnx,
@@ -45,10 +50,6 @@ from .export import (
     score_frame,
     sha256_file,
 )
-from .lists import ListData
-from .module import HybridRanker, evaluate_chunks
-from .report import calibration_summary, write_report
-from .uncertainty import split_intervals
 
 __all__ = ["export", "evaluate", "export_main", "eval_main", "prepare", "load_model",
            "input_chunks"]
@@ -56,8 +57,6 @@ __all__ = ["export", "evaluate", "export_main", "eval_main", "prepare", "load_mo
 log = logging.getLogger(__name__)
 
 SPLITS = ("train", "val", "test")
-#: The project's ``conf/`` folder (the same one ``hybridrank-train`` reads).
-CONF_DIR = str(Path(__file__).resolve().parents[1] / "conf")
 _OPTIONAL_ROLES = ("session", "user", "time", "position", "item", "bid", "true_p")
 
 
@@ -219,14 +218,14 @@ def input_chunks(model: HybridRanker, pattern: str, chunk_rows: int,
     plays which role; feature and request columns are required (a missing one is named with its
     role); optional roles absent from the files are dropped (no label column: an unlabeled
     export; no bid column: no ``ecpm``). Values are cast and checked under the model's value
-    policies (:meth:`~hybridrank.data.Schema.read`: a model trained with ``nan_policy: fill`` fills
+    policies (:meth:`~hybridrank.data.schema.Schema.read`: a model trained with ``nan_policy: fill`` fills
     NaN features the same way). Requests need not be stored contiguously.
 
     Returns:
         ``(chunks, info)`` with ``info = {"has_label": bool, "columns": dict, "files": int}``.
     """
-    from .readers import SOURCE_FILE, ColumnMap, expand_files, scan_clicklog
-    from .scanner import ClickLogScanner
+    from hybridrank.data.readers import SOURCE_FILE, ColumnMap, expand_files, scan_clicklog
+    from hybridrank.data.scanner import ClickLogScanner
 
     schema = model.schema
     cm = dict(schema.columns.to_dict())
@@ -431,7 +430,7 @@ def _report_fields(model, names, datas: list[ListData]):
 
 
 def _concat_chunks(datas: list[ListData]) -> ListData:
-    from .cli import _concat
+    from hybridrank.cli.train import _concat
 
     return _concat(datas)
 

@@ -15,8 +15,8 @@ import pytorch_lightning as pl
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from .atomic import write_json, write_text
-from .module import HybridRanker, evaluate_chunks
+from hybridrank.atomic import write_json, write_text
+from hybridrank.models.ranker import HybridRanker, evaluate_chunks
 
 __all__ = ["train", "train_main", "format_table", "build_model", "build_trainer", "reference_rows"]
 
@@ -24,9 +24,11 @@ log = logging.getLogger(__name__)
 
 TABLE_COLUMNS = ("ndcg@10", "gauc", "logloss", "ece", "pcoc")
 
-#: The project's ``conf/`` folder (the package is installed editable from the source tree; a
-#: different folder can be given with hydra's ``--config-dir``).
-CONF_DIR = str(Path(__file__).resolve().parents[1] / "conf")
+#: The configs: the repository's ``conf/`` folder, installed inside the package as
+#: ``hybridrank.conf`` (pyproject.toml), so editable and regular installs find the same files.
+#: Another folder can be given with hydra's ``--config-dir``.
+CONF_MODULE = "hybridrank.conf"
+CONF_DIR = f"pkg://{CONF_MODULE}"
 
 
 def build_model(cfg: DictConfig, datamodule) -> HybridRanker:
@@ -47,7 +49,7 @@ def build_trainer(cfg: DictConfig) -> pl.Trainer:
     """The Lightning trainer with the configured callbacks and logger.
 
     ``trainer.enable_progress_bar: auto`` shows the bar only on a terminal; a log file gets the
-    one line per epoch of :class:`hybridrank.callbacks.EpochLog` instead of carriage returns.
+    one line per epoch of :class:`hybridrank.cli.callbacks.EpochLog` instead of carriage returns.
     """
     callbacks = [hydra.utils.instantiate(c) for c in (cfg.get("callbacks") or {}).values()]
     logger = hydra.utils.instantiate(cfg.logger) if cfg.get("logger") else False
@@ -134,7 +136,7 @@ def reference_rows(chunks: Callable[[], Iterable], new_metrics: Callable[[], Any
         chunks: returns an iterator over the split's ``ListData`` pieces (called twice: the
             base rate is the split's own click rate, a constant score, which with
             ``ties="average"`` is also the expected NDCG of a random order).
-        new_metrics: a fresh :class:`~hybridrank.metrics.ListMetrics` with the run's conventions.
+        new_metrics: a fresh :class:`~hybridrank.metrics.list_metrics.ListMetrics` with the run's conventions.
         field_columns: ``{field: column of ListData.cat}`` of its calibration fields.
     """
     clicks, n, has_truth = 0.0, 0, True
@@ -157,8 +159,8 @@ def reference_rows(chunks: Callable[[], Iterable], new_metrics: Callable[[], Any
 def test_intervals(model: HybridRanker, datamodule, *, n_boot: int = 1000, alpha: float = 0.05,
                    seed: int = 0) -> dict[str, Any]:
     """Bootstrap intervals over test requests for the model and the reference rows
-    (:func:`hybridrank.uncertainty.split_intervals`; paired against this model)."""
-    from .uncertainty import split_intervals
+    (:func:`hybridrank.metrics.uncertainty.split_intervals`; paired against this model)."""
+    from hybridrank.metrics.uncertainty import split_intervals
 
     datas = list(datamodule.eval_chunks("test", 1 << 20))
     data = datas[0] if len(datas) == 1 else _concat(datas)
@@ -176,7 +178,7 @@ def test_intervals(model: HybridRanker, datamodule, *, n_boot: int = 1000, alpha
 
 def _concat(datas):
     """Chunks of whole requests of one split as one ``ListData`` (the fields intervals need)."""
-    from .lists import ListData, lengths_to_offsets
+    from hybridrank.lists import ListData, lengths_to_offsets
 
     true_p = None if any(d.true_p is None for d in datas) else torch.cat([d.true_p for d in datas])
     return ListData(num=torch.cat([d.num for d in datas]), cat=torch.cat([d.cat for d in datas]),
@@ -253,5 +255,5 @@ def resume_main(argv: list[str] | None = None) -> None:
     _hydra_main()
 
 
-if __name__ == "__main__":  # `python -m hybridrank.cli ...` (e.g. under torchrun)
+if __name__ == "__main__":  # `python -m hybridrank.cli.train ...` (e.g. under torchrun)
     train_main()

@@ -3,7 +3,7 @@
 The resampling unit is the **request**: impressions of one request share a user, a context and a
 slate, so they are not independent and resampling impressions would give intervals that are too
 narrow. Every metric is a function of sums of per-request statistics
-(:class:`~hybridrank.request_stats.RequestStats`, computed once): a replicate draws resample
+(:class:`~hybridrank.metrics.request_stats.RequestStats`, computed once): a replicate draws resample
 counts ``c [R]`` (how often each request is drawn), and the totals ``c @ X`` of a whole block of
 replicates come from **one matrix product**; the metric functions are vectorised over replicates.
 
@@ -12,7 +12,7 @@ if more than ``alpha / 2`` of the replicates are undefined the interval is repor
 computable, with the reason, and never as NaN. ECE is biased upwards (``|.|`` of noise), so its
 interval sits above 0 even for a perfectly calibrated model: compare ECEs paired, not to 0.
 
-The statistics builders are re-exported here, so ``hybridrank.uncertainty`` is the one import.
+The statistics builders are re-exported here, so ``hybridrank.metrics.uncertainty`` is the one import.
 
 Reference: Efron & Tibshirani 1993, *An Introduction to the Bootstrap*, ch. 13 (percentile
 intervals) and ch. 16 (bootstrap tests); Hanley & MacGibbon 2006 for the Poisson bootstrap.
@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .request_stats import (
+from hybridrank.metrics.request_stats import (
     RequestStats,
     Statistic,
     calibration_stats,
@@ -347,7 +347,7 @@ def split_intervals(data, rows: Mapping[str, torch.Tensor], *, baseline: str | N
         {"diff", "lower", "upper", "p_value", "verdict"}}}, "n_requests", "n_positives",
         "n_boot", "alpha", "seed"}``.
     """
-    from .request_stats import split_stats
+    from hybridrank.metrics.request_stats import split_stats
 
     ks = tuple(int(m.split("@")[1]) for m in metrics if m.startswith("ndcg@"))
     include = tuple(m for m in ("ndcg", "map", "mrr", "gauc")

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-from .readers import _decode_utf8
+from hybridrank.data.readers import _decode_utf8
 
 __all__ = ["read_libsvm", "MAX_DENSE_CELLS"]
 
@@ -76,7 +76,7 @@ def read_libsvm(path: str | Path, *, n_features: int | None = None) -> pl.DataFr
     (MQ2008 stores the document id there).
 
     A qid that reappears after another qid's rows (two non-adjacent blocks) is kept as one
-    request: :meth:`hybridrank.data.Schema.transform` groups rows by qid in order of first
+    request: :meth:`hybridrank.data.schema.Schema.transform` groups rows by qid in order of first
     appearance. A warning with the count is logged, since files written by LETOR tools never do it.
 
     Vectorised: the file is split into lines once, tokens are parsed with polars expressions, and

@@ -1,0 +1,34 @@
+"""Data: sources, schemas and vocabularies, readers (click logs, LibSVM), the streaming scanner,
+the group-aware sampler, the DataModules and the simulators. Imports only :mod:`hybridrank.lists`
+(and :mod:`hybridrank.atomic`) from the rest of the package.
+
+- ``schema.py``: :class:`Schema` (features, vocabularies, scaler, value policies).
+- ``sources.py``: the in-memory sources and ``split_frame``; ``streaming.py`` the streaming one.
+- ``readers.py`` (click logs, ``ColumnMap``, ``validate_frame``), ``libsvm.py`` (LETOR files),
+  ``scanner.py`` (files in chunks of whole requests), ``vocab.py``, ``hashing.py``.
+- ``sampler.py`` (whole-request batches, pooling scopes, DDP shards), ``datamodule.py``.
+- ``simulate.py``: the built-in click-log simulator.
+"""
+
+from hybridrank._lazy import lazy_exports
+
+_EXPORTS = {
+    "Schema": "hybridrank.data.schema", "POLICY_DEFAULTS": "hybridrank.data.schema",
+    "Splits": "hybridrank.data.sources", "SimulatedSource": "hybridrank.data.sources",
+    "LetorSource": "hybridrank.data.sources", "ClickLogSource": "hybridrank.data.sources",
+    "split_frame": "hybridrank.data.sources", "SIM_COLUMNS_MAP": "hybridrank.data.sources",
+    "stable_hash": "hybridrank.data.hashing",
+    "ColumnMap": "hybridrank.data.readers", "read_clicklog": "hybridrank.data.readers",
+    "validate_frame": "hybridrank.data.readers", "scan_clicklog": "hybridrank.data.readers",
+    "read_libsvm": "hybridrank.data.libsvm",
+    "VocabPolicy": "hybridrank.data.vocab", "vocab_policies": "hybridrank.data.vocab",
+    "ClickLogScanner": "hybridrank.data.scanner",
+    "GroupBatchSampler": "hybridrank.data.sampler", "ListDataset": "hybridrank.data.sampler",
+    "collate": "hybridrank.data.sampler", "unit_ids": "hybridrank.data.sampler",
+    "ListDataModule": "hybridrank.data.datamodule",
+    "StreamingClickLogSource": "hybridrank.data.streaming",
+    "StreamingDataModule": "hybridrank.data.streaming",
+    "simulate_clicklog": "hybridrank.data.simulate",
+}
+__all__ = sorted(_EXPORTS)
+__getattr__, __dir__ = lazy_exports(globals(), _EXPORTS)
