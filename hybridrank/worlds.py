@@ -145,8 +145,8 @@ class WorldSpec:
         explore_share: share of requests shown in uniformly random order (1.0 under ``random``;
             0, 0.01, 0.05, 0.1 or 0.2 under ``sorted``).
         mark_explore: write a 0/1 column marking the shuffled requests (when explore_share > 0).
-        propensity: write the probability of the logged slot: ``1 / len`` on shuffled requests,
-            null on sorted ones (where it has no closed form).
+        propensity: write the probability of the logged slot (when explore_share > 0): ``1 / len``
+            on shuffled requests, null on sorted ones (where it has no closed form).
     Drift
         drift: intercept drift over time: ``none``, ``linear`` (from -a to +a or back),
             ``weekly`` (``a * sin(2 pi t / week + phase)``).
@@ -193,6 +193,8 @@ class WorldSpec:
             v = getattr(self, f.name)
             if f.type == "bool" and not isinstance(v, (bool, np.bool_)):
                 raise TypeError(f"WorldSpec.{f.name} must be a bool, got {v!r}")
+            if f.type == "int" and float(v) != int(v):
+                raise TypeError(f"WorldSpec.{f.name} must be an integer, got {v!r}")
             object.__setattr__(self, f.name, casts[f.type](v))
         self._check()
 
@@ -297,10 +299,9 @@ def draw_world(seed: int, *, size: str = "small", **overrides: Any) -> WorldSpec
     """
     if size not in SIZES:
         raise ValueError(f"size must be one of {list(SIZES)}, got {size!r}")
-    unknown = sorted(set(overrides) - set(_FIELDS))
-    if unknown or "seed" in overrides or "size" in overrides:
-        bad = unknown or [k for k in ("seed", "size") if k in overrides]
-        raise TypeError(f"draw_world: cannot pin {bad}; fields are {list(_FIELDS[2:])}")
+    unknown = sorted(set(overrides) - set(_FIELDS[2:]))
+    if unknown:
+        raise TypeError(f"draw_world: cannot pin {unknown}; fields are {list(_FIELDS[2:])}")
     rng = np.random.default_rng(seed)
     lo, hi = SIZES[size]
     d: dict[str, Any] = {"seed": int(seed), "size": size}
@@ -440,6 +441,8 @@ class World:
             ``propensity`` (None when absent).
         offsets: true logit offset per slot, indexed by slot (``offsets[0]`` is NaN).
         features: feature column -> what it observes (for reading results, never for training).
+        params: drawn values that are not columns: ``intercept`` (solved), ``signals`` (the
+            latent numeric signals used), ``drift_sign`` and ``drift_phase``.
     """
 
     frame: pl.DataFrame
@@ -448,6 +451,7 @@ class World:
     extra: dict[str, str | None]
     offsets: np.ndarray
     features: dict[str, str]
+    params: dict[str, Any]
 
     def offset(self, slots: Any) -> np.ndarray:
         """True logit offsets of 1-based ``slots`` (array-like)."""
@@ -466,6 +470,7 @@ class World:
             "extra_columns": self.extra,
             "position_offsets": {"first_slot": 1, "values": [float(x) for x in self.offsets[1:]]},
             "features": self.features,
+            "params": self.params,
             "rows": self.frame.height,
             "requests": self.frame[self.columns["request"]].n_unique(),
             "observed_ctr": float(lab.mean()),
@@ -476,7 +481,7 @@ class World:
         """Write ``log.parquet`` and ``world.json`` into ``directory`` (each atomically).
 
         ``world.json`` holds the spec, the column map, the extra columns, the offsets (``values[k]``
-        is slot ``k + 1``) and the feature descriptions; :func:`load_world` reads both back.
+        is slot ``k + 1``), the feature descriptions and :attr:`params`; :func:`load_world` reads both back.
         Returns the directory.
         """
         directory = Path(directory)
@@ -495,7 +500,8 @@ def load_world(directory: str | os.PathLike) -> World:
     vals = meta["position_offsets"]["values"]
     return World(frame=pl.read_parquet(directory / "log.parquet"), spec=WorldSpec(**meta["spec"]),
                  columns=meta["columns"], extra=meta["extra_columns"],
-                 offsets=np.array([np.nan, *vals], dtype=np.float64), features=meta["features"])
+                 offsets=np.array([np.nan, *vals], dtype=np.float64), features=meta["features"],
+                 params=meta["params"])
 
 
 # ----------------------------------------------------------------------------------------------
@@ -799,5 +805,7 @@ def simulate_world(spec: WorldSpec) -> World:
     }
     extra = {"p_ref": TRUTH_COLUMNS["p_ref"], "logit": TRUTH_COLUMNS["logit"],
              "explore": explore, "propensity": propensity}
+    params = {"intercept": float(intercept), "signals": signals, "drift_sign": sign,
+              "drift_phase": float(phase)}
     return World(frame=frame, spec=spec, columns=columns, extra=extra, offsets=offsets,
-                 features=features)
+                 features=features, params=params)

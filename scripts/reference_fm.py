@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import json
 import math
 import time
 from collections.abc import Callable, Mapping
@@ -146,9 +147,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, nargs="+", default=[0])
     ap.add_argument("--size", default="small")
     ap.add_argument("--l2", type=float, default=1e-4)
+    ap.add_argument("--pin", nargs="*", default=[], metavar="FIELD=VALUE",
+                    help="pin world fields, e.g. drift=none logging=random (values read as JSON)")
     a = ap.parse_args(argv)
+    pins = {}
+    for item in a.pin:
+        k, _, v = item.partition("=")
+        try:
+            pins[k] = json.loads(v)
+        except json.JSONDecodeError:
+            pins[k] = v
     for seed in a.seed:
-        w = simulate_world(draw_world(seed, size=a.size))
+        w = simulate_world(draw_world(seed, size=a.size, **pins))
         tr, va, te = split_by_time(w.frame, w.columns)
         t0 = time.perf_counter()
         predict = fit_reference_fm(tr, va, w.columns, l2=a.l2)
@@ -161,6 +171,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{predict.epochs} epochs in {time.perf_counter() - t0:.1f}s")
         print(f"  test log loss: FM {log_loss(y, p_logged):.5f} | Bayes (true_p) "
               f"{log_loss(y, p_true):.5f} | constant train CTR {log_loss(y, np.full_like(y, base)):.5f}")
+        print(f"  drift: mean true_p test / train {p_true.mean() / tr[TRUTH_COLUMNS['true_p']].mean():.3f}")
         print(f"  slot-1 PCOC vs true_p_ref: {p1.sum() / p_ref.sum():.3f}; "
               f"PCOC at logged slot vs clicks {p_logged.sum() / max(y.sum(), 1):.3f} "
               f"(vs true_p {p_logged.sum() / p_true.sum():.3f})")

@@ -94,6 +94,8 @@ def test_tied_fields():
         draw_world(1, position_curve="none", position_strength=1.0)
     with pytest.raises(TypeError, match="cannot pin"):
         draw_world(1, list_len=3)
+    with pytest.raises(TypeError, match="integer"):
+        draw_world(1, min_len=2.5)
     with pytest.raises(ValueError, match="max_len"):
         draw_world(1, n_items=50, max_len=100)
 
@@ -297,7 +299,7 @@ def test_write_and_load(tmp_path):
     assert set(meta["features"]) == set(w.columns["numeric"]) | set(w.columns["categorical"])
     back = load_world(out)
     assert back.frame.equals(w.frame) and back.spec == w.spec and back.columns == w.columns
-    assert back.extra == w.extra and back.features == w.features
+    assert back.extra == w.extra and back.features == w.features and back.params == w.params
     np.testing.assert_array_equal(back.offsets, w.offsets)
     f = back.frame
     pos = f[back.columns["position"]].to_numpy()
