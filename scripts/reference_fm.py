@@ -31,7 +31,7 @@ import numpy as np
 import polars as pl
 import torch
 
-from hybridrank.worlds import TRUTH_COLUMNS, draw_world, simulate_world
+from hybridrank.data.worlds import TRUTH_COLUMNS, draw_world, simulate_world
 
 
 class _FM(torch.nn.Module):

@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hybridrank.readers import ColumnMap, normalize_types, validate_frame
-from hybridrank.worlds import (
+from hybridrank.data.readers import ColumnMap, normalize_types, validate_frame
+from hybridrank.data.worlds import (
     NAMING_SCHEMES,
     POSITION_CURVES,
     TIME_ORIGIN,

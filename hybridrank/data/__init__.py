@@ -7,7 +7,8 @@ the group-aware sampler, the DataModules and the simulators. Imports only :mod:`
 - ``readers.py`` (click logs, ``ColumnMap``, ``validate_frame``), ``libsvm.py`` (LETOR files),
   ``scanner.py`` (files in chunks of whole requests), ``vocab.py``, ``hashing.py``.
 - ``sampler.py`` (whole-request batches, pooling scopes, DDP shards), ``datamodule.py``.
-- ``simulate.py``: the built-in click-log simulator.
+- ``simulate.py``: the built-in click-log simulator; ``worlds.py``: a family of randomly built
+  click-log worlds with a known truth (for judging defaults across many logs).
 """
 
 from hybridrank._lazy import lazy_exports
@@ -29,6 +30,9 @@ _EXPORTS = {
     "StreamingClickLogSource": "hybridrank.data.streaming",
     "StreamingDataModule": "hybridrank.data.streaming",
     "simulate_clicklog": "hybridrank.data.simulate",
+    "WorldSpec": "hybridrank.data.worlds", "World": "hybridrank.data.worlds",
+    "draw_world": "hybridrank.data.worlds", "simulate_world": "hybridrank.data.worlds",
+    "load_world": "hybridrank.data.worlds",
 }
 __all__ = sorted(_EXPORTS)
 __getattr__, __dir__ = lazy_exports(globals(), _EXPORTS)

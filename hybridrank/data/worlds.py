@@ -50,7 +50,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from .atomic import atomic_path
+from hybridrank.atomic import atomic_path
 
 __all__ = [
     "WorldSpec", "World", "draw_world", "simulate_world", "load_world",
