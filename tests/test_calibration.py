@@ -106,7 +106,7 @@ def test_platt_matches_sklearn():
     sk = pytest.importorskip("sklearn.linear_model")
     t, y = known_truth(20_000, seed=3)
     z = 2 * t - 0.5
-    c = PlattCalibrator(l2=0.0).fit(z, y)
+    c = PlattCalibrator(l2=0.0, slope_prior_sd=None).fit(z, y)
     ref = sk.LogisticRegression(C=1e10, tol=1e-10, max_iter=1000).fit(z.numpy()[:, None], y.numpy())
     assert c.a == pytest.approx(float(ref.coef_[0, 0]), rel=1e-3)
     assert c.b == pytest.approx(float(ref.intercept_[0]), abs=1e-3)

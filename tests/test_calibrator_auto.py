@@ -56,7 +56,7 @@ def test_mis_scaled_model_gets_a_calibrator_that_helps_on_fresh_data():
 def test_cross_fitting_matches_a_loop_reference():
     """Fold assignment by request, out-of-fold predictions and the paired SE, recomputed by hand."""
     z, y, g = _requests(60, 7, seed=3, distort=lambda z: 0.6 * z)
-    auto = AutoCalibrator(candidates=("platt",), folds=3, seed=5).fit(z, y, groups=g)
+    auto = AutoCalibrator(candidates=("platt",), folds=3, seed=5, min_clicks_per_param=0).fit(z, y, groups=g)
     n = 60
     perm = torch.randperm(n, generator=torch.Generator().manual_seed(5))
     fold = torch.empty(n, dtype=torch.long)
@@ -100,3 +100,96 @@ def test_bad_input():
     with pytest.raises(ValueError, match="groups has 2 entries"):
         AutoCalibrator().fit(z, y, groups=torch.tensor([0, 1]))
     assert isinstance(AutoCalibrator().chosen, IdentityCalibrator)
+
+
+# --- the rules that keep auto from making scores worse ---------------------------------------
+def test_shift_is_the_one_parameter_maximum_likelihood():
+    from scipy.optimize import minimize_scalar
+
+    from hybridrank.serving.calibration import ShiftCalibrator
+
+    z, y, _ = _requests(300, 10, seed=7, distort=lambda z: z + 0.7)
+    b = ShiftCalibrator(l2=0.0).fit(z, y).b  # Newton to 1e-12
+
+    def nll(t):
+        return _nll(torch.sigmoid(z + t), y)
+
+    ref = minimize_scalar(nll, bounds=(-3, 3), method="bounded", options={"xatol": 1e-10}).x
+    assert b == pytest.approx(ref, abs=2e-5)  # the bounded scalar search stops at ~1e-5 in b
+    assert float((torch.sigmoid(z.double() + b) - y).sum()) == pytest.approx(0.0, abs=1e-8)  # score equation
+    assert abs(b - 0.7) < 0.2  # within sampling error of the truth (~ 200 clicks)
+
+
+def test_platt_slope_shrinks_toward_one_when_clicks_are_few():
+    steep = lambda z: 2.0 * z + 3.0  # noqa: E731
+    z, y, _ = _requests(20, 10, seed=8, distort=steep)      # a few dozen clicks
+    free = PlattCalibrator(slope_prior_sd=None).fit(z, y).a
+    shrunk = PlattCalibrator().fit(z, y).a
+    assert abs(shrunk - 1) < abs(free - 1)
+    z, y, _ = _requests(5000, 10, seed=9, distort=steep)    # thousands of clicks: the data win
+    assert PlattCalibrator().fit(z, y).a == pytest.approx(PlattCalibrator(slope_prior_sd=None).fit(z, y).a,
+                                                          rel=0.02)
+
+
+def test_a_model_ranking_in_reverse_is_flagged_and_never_reversed():
+    from hybridrank.serving.calibration import NotRankingError
+
+    z, y, g = _requests(2000, 10, seed=10, distort=lambda z: -z - 6.0)   # clicks fall with the score
+    with pytest.raises(NotRankingError, match="rank clicks in reverse"):
+        PlattCalibrator().fit(z, y)
+    auto = AutoCalibrator().fit(z, y, groups=g)
+    assert auto.decision["ranking"]["verdict"].startswith("the scores rank this split's clicks WORSE")
+    assert "refused" in auto.decision["candidates"]["platt"]
+    assert "not ranking" in auto.describe()
+    p = auto.predict_proba(z)
+    order = torch.argsort(z)
+    assert bool((p[order][1:] >= p[order][:-1] - 1e-12).all())  # monotone non-decreasing in z
+
+
+def test_candidates_need_clicks_per_parameter():
+    z, y, g = _requests(500, 6, seed=11, distort=lambda z: z - 0.3)
+    clicks = float(y.sum())
+    assert 100 <= clicks < 200, clicks
+    auto = AutoCalibrator().fit(z, y, groups=g)
+    cands = auto.decision["candidates"]
+    assert "improvement" in cands["shift"]
+    assert "refused" in cands["platt"] and "refused" in cands["isotonic"]
+
+
+def test_a_calibration_split_unlike_the_scored_data_keeps_the_identity():
+    from hybridrank.serving.calibration import compare_score_distributions
+
+    distort = lambda z: 0.4 * z - 0.8  # noqa: E731
+    z, y, g = _requests(2000, 10, seed=1, distort=distort)
+    same, _, _ = _requests(2000, 10, seed=12)
+    assert AutoCalibrator().fit(z, y, groups=g, reference=same, reference_requests=2000).chosen.name != "none"
+    moved = AutoCalibrator().fit(z, y, groups=g, reference=same + 1.5, reference_requests=2000)
+    assert moved.chosen.name == "none"
+    assert moved.decision["resemblance"]["verdict"] == "differs"
+    assert any("overruled" in c for c in moved.decision["candidates"].values())
+    warn = AutoCalibrator(on_mismatch="warn").fit(z, y, groups=g, reference=same + 1.5, reference_requests=2000)
+    assert warn.chosen.name != "none"
+    # the check itself: a small sample of the same distribution resembles it
+    r = compare_score_distributions(same[:3000], same[3000:], calibration_requests=300, scored_requests=1700)
+    assert r["verdict"] == "resembles", r
+
+
+def test_time_ordered_folds_predict_each_block_from_the_past():
+    """With request times the folds are blocks of time, each predicted by a fit on the blocks
+    before it; the first block is never scored. Recomputed by hand."""
+    z, y, g = _requests(50, 8, seed=13, distort=lambda z: 0.6 * z)
+    t = (49 - g).double()  # later requests first in storage: time order is the reverse
+    auto = AutoCalibrator(candidates=("platt",), folds=3, min_clicks_per_param=0).fit(z, y, groups=g, order=t)
+    rank = 49 - torch.arange(50)             # rank in time of request r
+    fold = rank * 3 // 50
+    oof = torch.empty_like(z, dtype=torch.float64)
+    for k in (1, 2):
+        train, test = fold[g] < k, fold[g] == k
+        oof[test] = PlattCalibrator().fit(z[train], y[train]).predict_proba(z[test])
+    ev = fold[g] > 0
+    base = -(y * torch.log(torch.sigmoid(z.double())) + (1 - y) * torch.log1p(-torch.sigmoid(z.double())))
+    p = oof.clamp(1e-7, 1 - 1e-7)
+    loss = -(y * torch.log(p) + (1 - y) * torch.log1p(-p))
+    assert auto.decision["candidates"]["platt"]["improvement"] == pytest.approx(
+        float((base - loss)[ev].sum() / ev.sum()), rel=1e-9)
+    assert "time blocks" in auto.decision["rule"]

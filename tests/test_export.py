@@ -478,7 +478,13 @@ def test_auto_calibrator_records_its_decision(trained, tmp_path):
     cal = calibrator_from_dict(meta["calibrator"])
     decision = meta["calibrator"]["decision"]
     assert decision["chosen"] == cal.chosen.name and set(decision["candidates"]) == {
-        "none", "platt", "isotonic"}
+        "none", "shift", "platt", "isotonic"}
     assert meta["calibration_fit"]["decision"] == decision
+    # the evidence: clicks behind it, the ranking check, and the calibration split against the
+    # scored (test) split's scores
+    assert decision["clicks"] > 0 and decision["ranking"]["auc"] > 0.5
+    assert decision["resemblance"]["verdict"] in ("resembles", "differs")
+    assert decision["resemblance"]["impressions"]["scored"] == frame.height
+    assert "time blocks" in decision["rule"]  # the simulated log has request times
     z = torch.from_numpy(frame["logit"].to_numpy().astype(np.float64))
     assert np.allclose(frame["pctr"].to_numpy(), cal.predict_proba(z).numpy(), atol=1e-9)

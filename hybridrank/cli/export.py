@@ -154,12 +154,15 @@ def prepare(cfg: DictConfig) -> Prepared:
         split = str(cfg.get("calibration_split", "val"))
         if split not in SPLITS:
             raise ValueError(f"calibration_split must be one of {SPLITS}, got {split!r}")
-        z, y, groups = _logits_labels(prep, split, int(cfg.get("chunk_rows", 200_000)))
-        z = z + shift
+        chunk_rows = int(cfg.get("chunk_rows", 200_000))
+        z, y, groups, order, serving = _logits_labels(prep, split, chunk_rows)
+        z, serving = z + shift, serving + shift
         if isinstance(calibrator, AutoCalibrator):
-            calibrator.fit(z, y, groups=groups)
-            log.info("calibrator auto chose %s: %s", calibrator.chosen.name,
-                     calibrator.decision["candidates"])
+            reference, n_ref = scored_sample(prep, cfg, chunk_rows)
+            calibrator.fit(z, y, groups=groups, order=order, serving=serving,
+                           reference=None if reference is None else reference + shift,
+                           reference_requests=n_ref)
+            log.info(calibrator.describe())
         else:
             calibrator.fit(z, y)
         bins = int(cfg.get("bins", 15))
@@ -177,31 +180,62 @@ def prepare(cfg: DictConfig) -> Prepared:
 
 
 def _logits_labels(prep: Prepared, split: str, chunk_rows: int
-                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Click logits (float64), labels and request index of every impression of a split.
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor]:
+    """Click logits (float64), labels, request index, request time (or None) and serving logits
+    of every impression of a split.
 
     Scored where the labels were drawn: at the logged positions for a model with a position-bias
     tower (a calibrator fitted on serving scores against labels from all positions would fold
-    the average position effect back into the pCTR).
+    the average position effect back into the pCTR); the serving logits (the reference slot) are
+    what the resemblance check compares with the scored data.
     """
-    zs, ys, gs = [], [], []
+    zs, ys, gs, ts, ss = [], [], [], [], []
     n_requests = 0
     for data in prep.chunks(split, chunk_rows):
-        zs.append(prep.model.predict_split(data, at_logged_position=True)[0].double())
+        z = prep.model.predict_split(data, at_logged_position=True)[0].double()
+        zs.append(z)
+        ss.append(prep.model.predict_split(data)[0].double() if prep.model.position_bias is not None else z)
         ys.append(data.label)
-        gs.append(data.request_of_row() + n_requests)
+        rows = data.request_of_row()
+        gs.append(rows + n_requests)
+        ts.append(None if data.time is None else data.time[rows])
         n_requests += data.n_requests
-    return torch.cat(zs), torch.cat(ys), torch.cat(gs)
+    order = None if any(t is None for t in ts) else torch.cat(ts)
+    return torch.cat(zs), torch.cat(ys), torch.cat(gs), order, torch.cat(ss)
+
+
+#: impressions of the scored data whose serving scores the resemblance check of ``auto`` reads
+SCORED_SAMPLE_ROWS = 1_000_000
+
+
+def scored_sample(prep: Prepared, cfg: DictConfig, chunk_rows: int) -> tuple[torch.Tensor | None, int]:
+    """Serving logits of the data the export will score (its first ``SCORED_SAMPLE_ROWS``
+    impressions, whole requests) and their number of requests, for ``auto``'s check that the
+    calibration split resembles it. ``(None, 0)`` when there is nothing to read."""
+    pattern = cfg.get("input")
+    if pattern is not None:
+        chunks, _ = input_chunks(prep.model, str(pattern), chunk_rows, _container(cfg.get("columns")))
+    else:
+        split = str(cfg.get("split", "test"))
+        names = list(SPLITS) if split == "all" else [split]
+        chunks = itertools.chain.from_iterable(prep.chunks(n, chunk_rows) for n in names)
+    zs, n_rows, n_req = [], 0, 0
+    for data in chunks:
+        zs.append(prep.model.predict_split(data)[0].double())
+        n_rows += data.n_impressions
+        n_req += data.n_requests
+        if n_rows >= SCORED_SAMPLE_ROWS:
+            break
+    return (torch.cat(zs), n_req) if zs else (None, 0)
 
 
 def position_bias_info(model: HybridRanker) -> dict | None:
-    """The export metadata of a position-bias tower: reference position and per-position offsets."""
+    """The export metadata of a position-bias tower: the reference position, per-slot offsets with
+    their intervals and the data behind them (:meth:`PositionBias.report`)."""
     tower = model.position_bias
     if tower is None:
         return None
-    offsets = tower.offsets()
-    return {"reference_position": tower.reference_position, "max_position": tower.max_position,
-            "logit_offsets": offsets,
+    return {**tower.report(),
             "note": "pctr is the click probability at reference_position; at slot j an auction's "
                     "expected CTR is sigmoid(logit(pctr) + logit_offsets[j - 1]) (positions above "
                     "max_position share its offset)"}

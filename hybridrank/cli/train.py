@@ -88,6 +88,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         "val": {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("val/")},
         "best_checkpoint": best,
         "output_dir": str(out_dir),
+        "training": training_summary(trainer, best),
     }
     if cfg.get("test_after_fit", True):
         tested = trainer.test(model, datamodule=datamodule, ckpt_path=best, verbose=False)
@@ -97,6 +98,10 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         if trainer.is_global_zero and cfg.get("intervals", {}).get("n_boot", 0):
             # trainer.test restored the best weights into `model`
             result["intervals"] = test_intervals(model, datamodule, **cfg.intervals)
+    if model.position_bias is not None:  # the best checkpoint's offsets (restored by trainer.test)
+        if best is not None and not cfg.get("test_after_fit", True):
+            model = HybridRanker.load_from_checkpoint(best, weights_only=True)
+        result["position_bias"] = model.position_bias.report()
     name = cfg.get("optimized_metric")
     if name:
         stage = "test" if name.startswith("test/") else "val"
@@ -113,6 +118,31 @@ def train(cfg: DictConfig) -> dict[str, Any]:
 
 
 RESUME_CONFIG = "resume_config.yaml"
+
+
+def training_summary(trainer: pl.Trainer, best: str | None) -> dict[str, Any]:
+    """How many epochs ran, which one the kept (best) checkpoint holds (both 1-based) and why
+    training stopped."""
+    from pytorch_lightning.callbacks.early_stopping import EarlyStopping, EarlyStoppingReason
+
+    epochs = int(trainer.current_epoch)  # epochs completed
+    reason = None
+    for c in trainer.callbacks:
+        if isinstance(c, EarlyStopping) and c.stopping_reason != EarlyStoppingReason.NOT_STOPPED:
+            reason = f"early stopping on {c.monitor}: {(c.stopping_reason_message or '').strip()}"
+            break
+    if reason is None:
+        if trainer.max_epochs is not None and 0 < trainer.max_epochs <= epochs:
+            reason = f"max_epochs={trainer.max_epochs} reached (the stopping rule had not acted)"
+        elif trainer.interrupted:
+            reason = "interrupted"
+        else:
+            reason = "another limit (max_steps, max_time)"
+    best_epoch = None
+    if best:
+        best_epoch = int(torch.load(best, map_location="cpu", weights_only=True)["epoch"]) + 1
+    return {"epochs": epochs, "best_epoch": best_epoch, "stopped_because": reason,
+            "max_epochs": trainer.max_epochs}
 
 
 def resume_checkpoint(cfg: DictConfig, out_dir: Path) -> str | None:
@@ -216,6 +246,35 @@ def format_table(result: dict[str, Any], columns=TABLE_COLUMNS) -> str:
     return "\n".join(lines)
 
 
+def format_offsets(report: Mapping[str, Any], max_rows: int = 10) -> str:
+    """The position tower's offsets with their intervals, one line per slot (the first
+    ``max_rows`` estimated slots) and a line on the tail and convergence."""
+    ref = report["reference_position"]
+    lines = [f"\nposition offsets (logit, relative to slot {ref}; {report['interval']['n_boot']} "
+             f"bootstrap replicates over requests, {100 * (1 - report['interval']['alpha']):.0f} %):"]
+    shown = 0
+    for j, off in enumerate(report["logit_offsets"]):
+        if shown >= max_rows:
+            break
+        if not report["estimated"][j]:
+            continue
+        lo, hi = report["lower"][j], report["upper"][j]
+        iv = f" [{lo:+.3f}, {hi:+.3f}]" if lo is not None else ""
+        lines.append(f"  slot {j + 1:>3}: {off:+.3f}{iv}  ({report['impressions'][j]:,.0f} impressions, "
+                     f"{report['clicks'][j]:,.0f} clicks)")
+        shown += 1
+    n_est = sum(report["estimated"])
+    if n_est > shown:
+        lines.append(f"  ... {n_est - shown} more slot(s) in metrics.json")
+    if report.get("tail_impressions"):
+        lines.append(f"  {report['tail_impressions']:,.0f} impressions past max_position="
+                     f"{report['max_position']} share its offset")
+    if report.get("last_change") is not None:
+        lines.append(f"  {report['updates']} updates; the last moved an offset by at most "
+                     f"{report['last_change']:.4f}")
+    return "\n".join(lines)
+
+
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="config")
 def _hydra_main(cfg: DictConfig) -> float | None:
     torch.set_float32_matmul_precision("high")
@@ -227,7 +286,11 @@ def _hydra_main(cfg: DictConfig) -> float | None:
                    if k.startswith("test/f_ece@") and k != "test/f_ece@position")
     print(format_table(result, TABLE_COLUMNS + fields))
     print(f"\noutputs: {result['output_dir']} (metrics.json, config_resolved.yaml, checkpoints/, logs/)")
-    print(f"best checkpoint: {result['best_checkpoint']}")
+    tr = result.get("training") or {}
+    print(f"best checkpoint: {result['best_checkpoint']} (epoch {tr.get('best_epoch')} of "
+          f"{tr.get('epochs')}; stopped: {tr.get('stopped_because')})")
+    if result.get("position_bias"):
+        print(format_offsets(result["position_bias"]))
     print(f"wall time: {result['seconds']:.1f} s")
     # multirun sweepers (e.g. Optuna) minimise / maximise this value: cfg.optimized_metric
     return result.get("optimized_metric")

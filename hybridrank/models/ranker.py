@@ -28,6 +28,7 @@ from torch import nn
 from hybridrank.lists import Batch, ListData, gather_lists, pad_index
 from hybridrank.losses import HybridLoss
 from hybridrank.metrics.list_metrics import ListMetrics
+from hybridrank.models.scorers import column_tables, embedding_penalty, shift_click_logit
 
 __all__ = ["HybridRanker", "serve", "evaluate_logits", "evaluate_chunks"]
 
@@ -112,6 +113,9 @@ class HybridRanker(pl.LightningModule):
             no down-sampling correction, docs/EXPORT.md).
         config: the resolved run config, kept for provenance (exports copy it into their metadata).
         monitor: the metric a scheduler steps on.
+        embedding_l2: weight of the L2 penalty on the embedding rows each batch uses
+            (:func:`~hybridrank.models.scorers.embedding_penalty`, per impression, added to the
+            training loss); 0 turns it off. Presets per scorer in ``conf/model``.
 
     Built from configs (as ``hybridrank-train`` does), a checkpoint is self-contained:
     ``HybridRanker.load_from_checkpoint(path)``. Parts given as Python objects are not stored;
@@ -121,13 +125,14 @@ class HybridRanker(pl.LightningModule):
     def __init__(self, scorer: Any, loss: Any, optimizer: Any = None, scheduler: Any = None,
                  metrics: Any = None, position_bias: Any = None,
                  data: Mapping[str, Any] | None = None,
-                 config: Mapping[str, Any] | None = None, monitor: str = "val/logloss"):
+                 config: Mapping[str, Any] | None = None, monitor: str = "val/logloss",
+                 embedding_l2: float = 0.0):
         super().__init__()
         args = {"scorer": _plain(scorer), "loss": _plain(loss), "optimizer": _plain(optimizer),
                 "scheduler": _plain(scheduler), "metrics": _plain(metrics),
                 "position_bias": _plain(position_bias),
                 "data": _plain(dict(data)) if data is not None else None,
-                "config": _plain(config), "monitor": monitor}
+                "config": _plain(config), "monitor": monitor, "embedding_l2": float(embedding_l2)}
         unknown = sorted(set(args["data"] or {}) - set(DATA_KEYS))
         if unknown:
             raise ValueError(f"HybridRanker data: unknown keys {unknown}; known {list(DATA_KEYS)}")
@@ -151,6 +156,13 @@ class HybridRanker(pl.LightningModule):
         self.metric_config = dict(args["metrics"] or {})
         self.metric_fields = self._resolve_fields(self.metric_config.get("fields") or ())
         self.monitor = monitor
+        self.embedding_l2 = float(embedding_l2)
+        if self.embedding_l2 < 0:
+            raise ValueError(f"embedding_l2 must be >= 0, got {embedding_l2}")
+        if self.embedding_l2 > 0 and getattr(self.scorer, "vocab_sizes", ()) and not column_tables(self.scorer):
+            raise ValueError(f"embedding_l2 needs the scorer's per-column embedding tables (an "
+                             f"nn.ModuleList of nn.Embedding, one per categorical column); "
+                             f"{type(self.scorer).__name__} has none")
         self.val_metrics = self.new_metrics()
         self.test_metrics = self.new_metrics()
 
@@ -316,13 +328,21 @@ class HybridRanker(pl.LightningModule):
         return batch.position
 
     def training_step(self, batch: Batch, batch_idx: int) -> torch.Tensor:
-        _, out = self.predict(batch.num, batch.cat, batch.request, self._batch_positions(batch))
+        positions = self._batch_positions(batch)
+        z, out = self.predict(batch.num, batch.cat, batch.request, positions)
+        if positions is not None:  # the tower's per-slot sums (its exact update runs per epoch)
+            self.position_bias.accumulate(positions, z.detach() - self.position_bias(positions),
+                                          batch.label, batch.weight, batch.request, self.global_step)
         logits = gather_lists(out, batch.rank_index, batch.rank_mask)
         labels = gather_lists(batch.label, batch.rank_index, batch.rank_mask)
         weights = None
         if batch.weight is not None:
             weights = gather_lists(batch.weight, batch.rank_index, batch.rank_mask)
         total, parts = self.loss(logits, labels, mask=batch.rank_mask, weights=weights)
+        if self.embedding_l2 > 0:
+            l2 = embedding_penalty(self.scorer, batch.cat)
+            total = total + self.embedding_l2 * l2
+            parts = {**parts, "l2": l2}
         n = len(batch)
         self.log("train/loss", total, batch_size=n, prog_bar=True)
         for name, value in parts.items():
@@ -356,6 +376,42 @@ class HybridRanker(pl.LightningModule):
 
     def on_validation_epoch_end(self) -> None:
         self._log_metrics("val", self.val_metrics)
+
+    def _update_position_bias(self) -> None:
+        """The tower's exact per-slot step from the sums of the training data seen since the last
+        one (all-reduced under DDP); logs how far the offsets moved."""
+        if self.position_bias is None:
+            return
+        trainer = self._trainer
+        reduce = None
+        if trainer is not None and trainer.world_size > 1:
+            def reduce(t: torch.Tensor) -> torch.Tensor:
+                return trainer.strategy.reduce(t, reduce_op="sum")
+        step = self.position_bias.update(reduce)
+        if step is None:
+            return
+        change, ref_step = step
+        # the reference slot's own step goes to the relevance intercept (identical on every rank)
+        if not shift_click_logit(self.scorer, ref_step) and not getattr(self, "_warned_shift", False):
+            import warnings
+
+            self._warned_shift = True
+            warnings.warn(f"{type(self.scorer).__name__} has no click-output bias (a 'head' Linear): "
+                          "the position tower's reference step is left to the gradient steps, "
+                          "which converge more slowly", stacklevel=2)
+        if trainer is not None:
+            self.log("train/position_offset_change", float(change), sync_dist=False)
+
+    def on_validation_epoch_start(self) -> None:
+        # before validation (and so before the checkpoint of this epoch): validation and the
+        # checkpoint see the offsets fitted to this epoch's training data
+        trainer = self._trainer
+        if trainer is not None and trainer.state.fn == "fit" and not trainer.sanity_checking:
+            self._update_position_bias()
+
+    def on_train_epoch_end(self) -> None:
+        # without a validation loop the update happens here (a no-op when validation ran)
+        self._update_position_bias()
 
     def on_test_epoch_end(self) -> None:
         self._log_metrics("test", self.test_metrics)

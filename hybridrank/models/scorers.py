@@ -38,7 +38,7 @@ from torch import nn
 from hybridrank.models.attention import ListAttentionBlock, check_request, list_layout
 
 __all__ = ["MLPScorer", "LinearScorer", "FMScorer", "DeepFMScorer", "DCNv2Scorer", "ListAwareScorer",
-           "embedding_dim", "init_output_bias"]
+           "embedding_dim", "init_output_bias", "column_tables", "embedding_penalty", "shift_click_logit"]
 
 
 def embedding_dim(vocab_size: int, cap: int) -> int:
@@ -419,3 +419,64 @@ def init_output_bias(head: nn.Linear, base_rate: float | None) -> None:
     with torch.no_grad():
         head.bias.zero_()
         head.bias[-1] = torch.logit(torch.tensor(p, dtype=torch.float64)).item()
+
+
+def column_tables(scorer: nn.Module) -> list[nn.ModuleList]:
+    """The scorer's embedding tables indexed by the categorical columns: every ``nn.ModuleList`` of
+    ``nn.Embedding`` with one table per column of ``cat`` (``V_j + 1`` rows each). The scorers of
+    this module follow that layout (and so may a user's scorer)."""
+    sizes = tuple(int(v) + 1 for v in getattr(scorer, "vocab_sizes", ()))
+    if not sizes:
+        return []
+    return [m for m in scorer.modules()
+            if isinstance(m, nn.ModuleList) and len(m) == len(sizes)
+            and all(isinstance(t, nn.Embedding) and t.num_embeddings == v for t, v in zip(m, sizes))]
+
+
+def embedding_penalty(scorer: nn.Module, cat: torch.Tensor) -> torch.Tensor:
+    """L2 of the embedding rows a batch uses: ``(1/B) Σ_i Σ_tables Σ_j ||T_j[cat[i, j]]||²``.
+
+    Each occurrence of a row counts (as factorization machines are usually trained, Rendle 2012):
+    a row is shrunk in proportion to how often it is used, and rows a batch does not touch are
+    left alone (unlike weight decay on the whole table, which shrinks rare ids every step).
+
+    >>> s = MLPScorer(0, [3], hidden=(), emb_dim=2)
+    >>> with torch.no_grad():
+    ...     _ = s.embeddings.tables[0].weight.fill_(1.0)
+    >>> embedding_penalty(s, torch.tensor([[1], [2]])).item()    # two rows of [1, 1]
+    2.0
+    """
+    total = cat.new_zeros((), dtype=torch.float32)
+    if cat.shape[0] == 0:
+        return total
+    for tables in column_tables(scorer):
+        for j, t in enumerate(tables):
+            total = total + t(cat[:, j]).float().pow(2).sum()
+    return total / cat.shape[0]
+
+
+def _click_head(scorer: nn.Module) -> nn.Linear | None:
+    """The linear layer whose last output's bias is the click logit's intercept (``head`` or, for
+    the factorization machines, ``fm_head``), or None."""
+    for name in ("head", "fm_head"):
+        head = getattr(scorer, name, None)
+        if isinstance(head, nn.Linear) and head.bias is not None:
+            return head
+    return None
+
+
+@torch.no_grad()
+def shift_click_logit(scorer: nn.Module, delta: float) -> bool:
+    """Add ``delta`` to the scorer's click logit (the bias of its last output: for two-output JRC
+    heads the click logit ``z1 - z0`` moves by ``delta``); False when the scorer has no such bias.
+
+    >>> s = MLPScorer(1, hidden=(), base_rate=0.5)
+    >>> shift_click_logit(s, 0.25), s(torch.zeros(1, 1), torch.zeros(1, 0, dtype=torch.long)).item()
+    (True, 0.25)
+    """
+    head = _click_head(scorer)
+    if head is None:
+        return False
+    head.bias[-1] += float(delta)
+    return True
+
