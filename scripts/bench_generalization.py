@@ -206,8 +206,10 @@ def _welfare(frame: pl.DataFrame, score: np.ndarray, truth: np.ndarray, world: W
     off = world.offsets
     factors = [1.0] + [float((1 / (1 + np.exp(-(math.log(base / (1 - base)) + off[j])))) / base)
                        for j in (2, 3)]
+    # the replay wants factors that never rise with the slot (GSP gives slot 1 the highest eCPM)
+    factors = np.minimum.accumulate(np.minimum(np.array(factors), 1.0))
     res = replay_auctions(frame[bid].to_numpy(), score, request_ids=frame[request].to_numpy(),
-                          true_pctr=truth, slots=3, slot_factors=np.array(factors), mechanism="gsp")
+                          true_pctr=truth, slots=3, slot_factors=factors, mechanism="gsp")
     return float(res.model.welfare.sum() / max(res.oracle.welfare.sum(), 1e-300))
 
 
@@ -218,8 +220,10 @@ def evaluate_run(w: dict[str, Any], name: str, run: dict, scratch: Path) -> dict
     req, item, label, bid = cols["request"], cols["item"], cols["label"], cols["bid"]
     metrics = run["metrics"]
     ckpt = metrics["best_checkpoint"]
+    stop = str(metrics.get("training", {}).get("stopped_because"))
     row: dict[str, Any] = {"variant": name, "epochs": metrics.get("training", {}).get("epochs"),
-                           "stop": metrics.get("training", {}).get("stopped_because"),
+                           "best_epoch": metrics.get("training", {}).get("best_epoch"),
+                           "stop": "criterion" if stop.startswith("early stopping") else stop,
                            "seconds": round(run["seconds_share"], 1)}
     key = ["request_id", "item_id"]  # the export's names for the mapped request and item columns
     truth = test.select(pl.col(req).alias("request_id"), pl.col(item).alias("item_id"), "true_p",
@@ -246,6 +250,15 @@ def evaluate_run(w: dict[str, Any], name: str, run: dict, scratch: Path) -> dict
         top = int(min(10, world.spec.max_len, learned.size))
         if top >= 2:
             row["offset_err"] = float(np.max(np.abs(learned[1:top] - world.offsets[2:top + 1])))
+            row["offsets"] = [round(float(v), 3) for v in learned[:top]]
+            row["true_offsets"] = [round(float(v), 3) for v in world.offsets[1:top + 1]]
+            lo, hi = info.get("lower") or [], info.get("upper") or []
+            inside = [lo[j] <= world.offsets[j + 1] <= hi[j] for j in range(1, top)
+                      if j < len(lo) and lo[j] is not None and hi[j] is not None]
+            row["offsets_covered"] = f"{sum(inside)}/{len(inside)}" if inside else None
+        ident = info.get("identifiability") or {}
+        row["identified"] = ident.get("identified")
+        row["rank_corr"] = ident.get("rank_correlation")
     bayes = float(np.mean(_xent(p_true, p_true)))
     row["excess"] = float(np.mean(_xent(logged_none, p_true))) - bayes
     row["excess_auto"] = float(np.mean(_xent(logged_auto, p_true))) - bayes
@@ -283,8 +296,8 @@ def reference_row(w: dict[str, Any]) -> dict[str, Any]:
 # ----------------------------------------------------------------------------------------------
 # reporting
 # ----------------------------------------------------------------------------------------------
-COLS = ("excess", "ndcg_gap", "pcoc_ref", "pcoc_ref_none", "offset_err", "auto", "d_ll", "welfare",
-        "epochs", "stop")
+COLS = ("excess", "ndcg_gap", "pcoc_ref", "pcoc_ref_none", "offset_err", "offsets_covered", "identified",
+        "auto", "d_ll", "welfare", "epochs", "stop")
 
 
 def _fmt(v: Any) -> str:
@@ -327,7 +340,7 @@ def aggregate(results: Sequence[Mapping[str, Any]]) -> str:
             f"{share(lambda x: None if x.get('offset_err') is None else x['offset_err'] <= 0.1, identifiable)} | "
             f"{share(lambda x: None if x.get('d_ll') is None else x['d_ll'] > x['d_ll_se'])} | "
             f"{_fmt(float(np.median([x['welfare'] for x in rows])))} | "
-            f"{share(lambda x: None if x.get('stop') is None else 'max_epochs' not in x['stop'])} |")
+            f"{share(lambda x: None if x.get('stop') is None else x['stop'] == 'criterion')} |")
     return "\n".join(lines)
 
 

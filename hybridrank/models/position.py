@@ -33,11 +33,27 @@ long list is rare; the report counts them) or are an error (``tail="error"``). A
 in training carries the offset of the nearest lower slot that was, and is reported as not
 estimated.
 
-**What is identifiable.** With items shown in random order (or partly randomised), slot and
-relevance are independent and the offsets are per-slot CTR ratios given the features. Under a
-logging policy that sorts by relevance, the offsets also absorb whatever relevance the features
-do not explain: the position-free pCTR then rests on the assumption that the features explain
-the logging order (docs/EXPORT.md, "Position bias").
+**What is identifiable.** With items shown in random order, slot and relevance are independent
+and the offsets are per-slot CTR ratios given the features. Under a logging policy that sorts by
+relevance, the offsets also absorb whatever relevance the features do not explain: the
+position-free pCTR then rests on the assumption that the features explain the logging order.
+Two things identify the offsets there, and the tower uses them when the data has them:
+
+- **exploration traffic**: requests shown in random order, marked by a column. The offsets'
+  update then uses the sums of the exploration impressions only (where slot and relevance are
+  independent), while the relevance model learns from every impression with the offsets fixed;
+  the intervals come from the exploration traffic alone and say how little of it there is;
+- **logging propensities**: the probability that the logging policy put the item in its slot. The
+  sums are then inverse-propensity weighted (self-normalised per slot, weights capped at
+  ``max_ipw``), which re-weights the log toward a uniformly random placement.
+
+**The diagnosis.** Every epoch the tower also measures how strongly the logged slot follows the
+model's own relevance estimate within requests (the mean Spearman correlation over requests of
+three or more impressions, outside exploration traffic; positive: the top slots hold what the
+model finds most relevant). :meth:`PositionBias.report` turns it, with the share of exploration
+traffic, into a verdict: ``identified`` (random-order logging, or exploration / propensities),
+or ``not identified`` (a sorting policy and nothing that randomises it), said in plain words in
+the train report and the export metadata.
 """
 
 from __future__ import annotations
@@ -53,6 +69,53 @@ __all__ = ["PositionBias", "slot_logit_step"]
 
 _TAILS = ("share", "error")
 _PSEUDO = 0.5  # pseudo-count of clicks and non-clicks in every logit of a ratio (no log(0))
+#: mean within-request rank correlation of slot and relevance above which (and 3 SE above 0) the
+#: logging policy is taken to sort by relevance
+SORTED_CORRELATION = 0.1
+
+
+def within_request_rank_correlation(position: torch.Tensor, relevance: torch.Tensor,
+                                    mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Spearman correlation of ``-position`` and ``relevance`` within each request list.
+
+    Args:
+        position, relevance, mask: ``[G, L]`` request lists (padding masked out).
+
+    Returns:
+        ``(rho [G], valid [G])``: ``rho > 0`` when the top slots hold the higher relevance; valid
+        for lists of three or more impressions whose positions and relevances are not all tied.
+        Ties get their average rank.
+
+    >>> pos = torch.tensor([[1, 2, 3, 4]]); m = torch.ones(1, 4, dtype=torch.bool)
+    >>> within_request_rank_correlation(pos, torch.tensor([[4.0, 3.0, 2.0, 1.0]]), m)[0].tolist()
+    [1.0]
+    """
+    def ranks(x: torch.Tensor) -> torch.Tensor:
+        big = torch.finfo(torch.float64).max
+        v = torch.where(mask, x.double(), torch.full_like(x, big, dtype=torch.float64))
+        order = torch.argsort(v, dim=1, stable=True)
+        sorted_v = torch.gather(v, 1, order)
+        pos = torch.arange(v.shape[1], dtype=torch.float64).expand_as(v)
+        # average rank of tied blocks: mean of the first and last index of each block
+        new_block = torch.ones_like(sorted_v, dtype=torch.bool)
+        new_block[:, 1:] = sorted_v[:, 1:] != sorted_v[:, :-1]
+        block = torch.cumsum(new_block.long(), dim=1) - 1
+        first = torch.zeros_like(sorted_v).scatter_reduce(1, block, pos, reduce="amin", include_self=False)
+        last = torch.zeros_like(sorted_v).scatter_reduce(1, block, pos, reduce="amax", include_self=False)
+        avg = (torch.gather(first, 1, block) + torch.gather(last, 1, block)) / 2
+        out = torch.empty_like(avg)
+        out.scatter_(1, order, avg)
+        return out
+
+    a, b = ranks(-position.double()), ranks(relevance.double())
+    m = mask.double()
+    n = m.sum(1)
+    ma, mb = (a * m).sum(1) / n.clamp(min=1), (b * m).sum(1) / n.clamp(min=1)
+    da, db = (a - ma[:, None]) * m, (b - mb[:, None]) * m
+    cov, va, vb = (da * db).sum(1), (da * da).sum(1), (db * db).sum(1)
+    valid = (n >= 3) & (va > 0) & (vb > 0)
+    rho = torch.where(valid, cov / torch.sqrt(va * vb).clamp(min=1e-300), torch.zeros_like(cov))
+    return rho, valid
 
 
 def slot_logit_step(clicks: torch.Tensor, expected: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
@@ -64,7 +127,7 @@ def slot_logit_step(clicks: torch.Tensor, expected: torch.Tensor, count: torch.T
     >>> slot_logit_step(torch.tensor([10.0]), torch.tensor([10.0]), torch.tensor([100.0])).item()
     0.0
     >>> round(slot_logit_step(torch.tensor([5.0]), torch.tensor([10.0]), torch.tensor([1000.0])).item(), 3)
-    -0.674
+    -0.652
     """
     n = count + 2 * _PSEUDO
     step = (torch.log(clicks + _PSEUDO) - torch.log(n - clicks - _PSEUDO)
@@ -92,7 +155,7 @@ class PositionBias(nn.Module):
     """
 
     def __init__(self, max_position: int = 50, reference_position: int = 1, tail: str = "share",
-                 n_boot: int = 100, alpha: float = 0.05, seed: int = 0):
+                 n_boot: int = 100, alpha: float = 0.05, seed: int = 0, max_ipw: float = 100.0):
         super().__init__()
         if int(max_position) < 1 or not 1 <= int(reference_position) <= int(max_position):
             raise ValueError(f"reference_position={reference_position} must lie in "
@@ -103,13 +166,25 @@ class PositionBias(nn.Module):
             raise ValueError(f"need n_boot >= 0 and 0 < alpha < 1, got {n_boot}, {alpha}")
         self.max_position, self.reference_position = int(max_position), int(reference_position)
         self.tail, self.n_boot, self.alpha, self.seed = tail, int(n_boot), float(alpha), int(seed)
+        if not float(max_ipw) >= 1:
+            raise ValueError(f"max_ipw must be >= 1, got {max_ipw}")
+        self.max_ipw = float(max_ipw)
         s, k = self.max_position, self.n_boot
         f64 = torch.float64
         self.register_buffer("offset", torch.zeros(s))                   # b_j (float32 for serving)
         self.register_buffer("sums", torch.zeros(3, s, dtype=f64))        # Y, P, N of this epoch
         self.register_buffer("boot_sums", torch.zeros(3, k, s, dtype=f64))
+        # the same over the identifying traffic (exploration requests, or IPW-weighted impressions)
+        self.register_buffer("sums_x", torch.zeros(3, s, dtype=f64))
+        self.register_buffer("boot_sums_x", torch.zeros(3, k, s, dtype=f64))
+        # diagnosis of this epoch / of the last update: Σ rank correlation, its Σ of squares,
+        # requests it was measured on, exploration requests, all requests
+        self.register_buffer("diag", torch.zeros(2, 5, dtype=f64))
+        self.register_buffer("x_kind", torch.zeros((), dtype=torch.long))  # data seen: 1 explore, 2 ipw
+        self.register_buffer("mode", torch.zeros((), dtype=torch.long))    # last update: 0 all, 1 explore, 2 ipw
         self.register_buffer("boot_offset", torch.zeros(k, s, dtype=f64))  # replicate offsets
         self.register_buffer("seen", torch.zeros(s, dtype=f64))           # impressions ever seen
+        self.register_buffer("estimated", torch.zeros(s, dtype=torch.bool))  # slots the last update fitted
         self.register_buffer("last", torch.zeros(3, s, dtype=f64))        # sums of the last update
         self.register_buffer("tail_count", torch.zeros(2, dtype=f64))     # tail impressions: epoch, last update
         self.register_buffer("updates", torch.zeros((), dtype=torch.long))
@@ -135,7 +210,9 @@ class PositionBias(nn.Module):
     @torch.no_grad()
     def accumulate(self, position: torch.Tensor, relevance: torch.Tensor, label: torch.Tensor,
                    weight: torch.Tensor | None = None, request: torch.Tensor | None = None,
-                   step: int = 0) -> None:
+                   step: int = 0, explore: torch.Tensor | None = None,
+                   propensity: torch.Tensor | None = None,
+                   lists: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
         """Add a batch to this epoch's per-slot sums.
 
         Args:
@@ -144,6 +221,10 @@ class PositionBias(nn.Module):
             weights (negative re-weighting) or None. request: ``[B]`` request index of each
             impression within the batch (bootstrap weights are per request; None: per
             impression). step: the training step (seeds the bootstrap weights).
+            explore: ``[B]`` bool, impressions of exploration (random-order) requests, or None.
+            propensity: ``[B]`` probability that the logging policy put the item in its slot
+            (inverse-propensity weights, capped at ``max_ipw``), or None.
+            lists: ``(index, mask)``, the batch's ``[G, L]`` request lists, for the diagnosis.
         """
         slot = self.slot_index(position)
         y = (label > 0).double()
@@ -153,6 +234,18 @@ class PositionBias(nn.Module):
         self.sums.index_add_(1, slot, vals)
         self.seen.index_add_(0, slot, torch.ones_like(y))
         self.tail_count[0] += float((position.long() > self.max_position).sum())
+        xw = None
+        if propensity is not None:
+            prop = propensity.double()
+            if bool(((prop <= 0) | (prop > 1) | ~torch.isfinite(prop)).any()):
+                raise ValueError("propensities must lie in (0, 1]")
+            xw = (1.0 / prop).clamp(max=self.max_ipw)
+        if explore is not None:
+            e = explore.to(torch.float64)
+            xw = e if xw is None else xw * e
+        if xw is not None:
+            self.sums_x.index_add_(1, slot, vals * xw)
+            self.x_kind.fill_(2 if propensity is not None else 1)
         if self.n_boot:
             req = torch.arange(y.numel(), device=y.device) if request is None else request.long()
             n_req = int(req.max()) + 1 if req.numel() else 0
@@ -161,6 +254,22 @@ class PositionBias(nn.Module):
             rw = counts.to(y.device)[req]                                      # [B, K]
             boot = vals.T.unsqueeze(-1) * rw.unsqueeze(1)                      # [B, 3, K]
             self.boot_sums.index_add_(2, slot, boot.permute(1, 2, 0))
+            if xw is not None:
+                self.boot_sums_x.index_add_(2, slot, (boot * xw[:, None, None]).permute(1, 2, 0))
+        if lists is not None:
+            index, mask = lists
+            lpos = torch.where(mask, position[index], torch.zeros_like(index))
+            lrel = torch.where(mask, relevance[index].double(), torch.zeros_like(index, dtype=torch.float64))
+            rho, valid = within_request_rank_correlation(lpos, lrel, mask)
+            n_lists = int(mask.any(1).sum())
+            x_lists = 0
+            if explore is not None:
+                lx = explore[index[:, 0]] & mask[:, 0]
+                x_lists = int(lx.sum())
+                valid = valid & ~lx
+            r = rho[valid]
+            self.diag[0] += torch.tensor([float(r.sum()), float((r * r).sum()), float(valid.sum()),
+                                          float(x_lists), float(n_lists)], dtype=torch.float64)
 
     @torch.no_grad()
     def update(self, reduce: Callable[[torch.Tensor], torch.Tensor] | None = None
@@ -174,22 +283,35 @@ class PositionBias(nn.Module):
         included, gets its exact step. None when there was nothing to fit.
         """
         sums, boot, tail = self.sums.clone(), self.boot_sums.clone(), self.tail_count[:1].clone()
+        sums_x, boot_x, diag = self.sums_x.clone(), self.boot_sums_x.clone(), self.diag[0].clone()
         if reduce is not None:
             sums, boot, tail = reduce(sums), reduce(boot), reduce(tail)
+            sums_x, boot_x, diag = reduce(sums_x), reduce(boot_x), reduce(diag)
         if float(sums[2].sum()) == 0:
             return None
         ref = self.reference_position - 1
         old = self.offset.double()
-        step = slot_logit_step(*sums)
-        new = old + step - step[ref]
         seen = self.seen.clone() if reduce is None else reduce(self.seen.clone())
-        new = self._fill_unseen(new, seen > 0)
+        # identifying traffic, when there is some in the reference slot and another one
+        identifying = float(sums_x[2, ref]) > 0 and int((sums_x[2] > 0).sum()) >= 2
+        fit_sums, fit_boot = (sums_x, boot_x) if identifying else (sums, boot)
+        est = (sums_x[2] > 0) if identifying else (seen > 0)
+        step = slot_logit_step(*fit_sums)
+        new = old + step - step[ref]
+        new = self._fill_unseen(new, est)
         if self.n_boot:
-            bstep = slot_logit_step(*boot)                                     # [K, S]
+            bstep = slot_logit_step(*fit_boot)                                 # [K, S]
             reps = new + (bstep - step) - (bstep[:, ref:ref + 1] - step[ref])
-            self.boot_offset.copy_(torch.stack([self._fill_unseen(r, seen > 0) for r in reps]))
-        estimated = seen > 0
-        change = float((new - old)[estimated].abs().max()) if bool(estimated.any()) else 0.0
+            self.boot_offset.copy_(torch.stack([self._fill_unseen(r, est) for r in reps]))
+        if identifying:  # the level is left to the gradient steps on all the data
+            step = torch.zeros_like(step)
+        self.mode.fill_(int(self.x_kind) if identifying else 0)
+        self.diag[1] = diag
+        self.diag[0] = 0
+        self.sums_x.zero_()
+        self.boot_sums_x.zero_()
+        self.estimated.copy_(est)
+        change = float((new - old)[est].abs().max()) if bool(est.any()) else 0.0
         self.offset.copy_(new.to(self.offset.dtype))
         self.last.copy_(sums)
         self.tail_count[1] = tail[0]
@@ -220,10 +342,41 @@ class PositionBias(nn.Module):
         return self.offset.double().tolist()
 
     @torch.no_grad()
+    def identifiability(self) -> dict[str, Any]:
+        """Is the position effect identified by this data? The evidence of the last update and a
+        verdict in plain words (see the module docstring)."""
+        d = self.diag[1].tolist()
+        n = d[2]
+        corr = d[0] / n if n else None
+        se = math.sqrt(max(d[1] / n - corr * corr, 0.0) / n) if n > 1 else None
+        share = d[3] / d[4] if d[4] else 0.0
+        mode = ("all", "exploration", "propensity")[int(self.mode)]
+        sorted_policy = corr is not None and corr > SORTED_CORRELATION and (se is None or corr > 3 * se)
+        if mode != "all":
+            how = ("exploration requests (shown in random order)" if mode == "exploration"
+                   else "inverse-propensity weighted impressions")
+            verdict, identified = f"identified by {how}; intervals reflect how much of it there is", True
+        elif corr is None:
+            verdict, identified = "unknown: no request with three or more impressions to measure", None
+        elif sorted_policy:
+            verdict, identified = (
+                f"NOT identified: the logged slot follows the model's own relevance estimate "
+                f"(mean within-request rank correlation {corr:.2f}) and no exploration traffic or "
+                f"propensities are mapped; the offsets absorb whatever relevance the features do "
+                f"not explain, and the position-free pCTR rests on the ASSUMPTION that the features "
+                f"explain the logging order (map an exploration column or propensities)"), False
+        else:
+            verdict, identified = (f"identified: the logged slot is independent of the model's "
+                                   f"relevance (mean within-request rank correlation {corr:.2f})"), True
+        return {"identified": identified, "verdict": verdict, "estimated_from": mode,
+                "rank_correlation": corr, "rank_correlation_se": se, "requests_measured": n,
+                "exploration_share": share}
+
+    @torch.no_grad()
     def report(self) -> dict[str, Any]:
-        """Offsets with bootstrap intervals and the data behind each (JSON-safe), for the train
-        report and the export metadata."""
-        seen = (self.seen > 0).tolist()
+        """Offsets with bootstrap intervals, the data behind each and the identifiability verdict
+        (JSON-safe), for the train report and the export metadata."""
+        seen = self.estimated.tolist()
         lo = hi = [None] * self.max_position
         if self.n_boot and int(self.updates) > 0:
             q = torch.quantile(self.boot_offset, torch.tensor([self.alpha / 2, 1 - self.alpha / 2],
@@ -241,6 +394,7 @@ class PositionBias(nn.Module):
             "tail_impressions": float(self.tail_count[1]),
             "updates": int(self.updates),
             "last_change": None if math.isnan(float(self.last_change)) else float(self.last_change),
+            "identifiability": self.identifiability(),
             "interval": {"n_boot": self.n_boot, "alpha": self.alpha,
                          "method": "online Poisson bootstrap over requests, given the relevance model"},
         }

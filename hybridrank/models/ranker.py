@@ -331,8 +331,10 @@ class HybridRanker(pl.LightningModule):
         positions = self._batch_positions(batch)
         z, out = self.predict(batch.num, batch.cat, batch.request, positions)
         if positions is not None:  # the tower's per-slot sums (its exact update runs per epoch)
-            self.position_bias.accumulate(positions, z.detach() - self.position_bias(positions),
-                                          batch.label, batch.weight, batch.request, self.global_step)
+            self.position_bias.accumulate(
+                positions, z.detach() - self.position_bias(positions), batch.label, batch.weight,
+                batch.request, self.global_step, explore=getattr(batch, "explore", None),
+                propensity=getattr(batch, "propensity", None), lists=(batch.index, batch.mask))
         logits = gather_lists(out, batch.rank_index, batch.rank_mask)
         labels = gather_lists(batch.label, batch.rank_index, batch.rank_mask)
         weights = None
