@@ -193,3 +193,22 @@ def test_time_ordered_folds_predict_each_block_from_the_past():
     assert auto.decision["candidates"]["platt"]["improvement"] == pytest.approx(
         float((base - loss)[ev].sum() / ev.sum()), rel=1e-9)
     assert "time blocks" in auto.decision["rule"]
+
+
+def test_a_miscalibration_that_moves_with_time_is_not_carried_forward():
+    """The model's level is off by +0.8 early in the split and by +0.1 late (drift): a map fitted
+    on the split would carry the average gap into the next period. With request times auto sees
+    the gap move between time blocks and keeps the identity; without them it cannot tell."""
+    g = torch.Generator().manual_seed(14)
+    n_req, size = 4000, 10
+    z = torch.randn(n_req * size, generator=g) - 3.0
+    req = torch.arange(n_req * size) // size
+    t = req.double()                                    # stored in time order
+    gap = 0.8 - 0.7 * t / n_req
+    y = (torch.rand(n_req * size, generator=g) < torch.sigmoid(z + gap)).double()
+    blind = AutoCalibrator().fit(z, y, groups=req)
+    assert blind.chosen.name != "none"
+    timed = AutoCalibrator().fit(z, y, groups=req, order=t)
+    assert timed.chosen.name == "none"
+    assert timed.decision["stability"]["stable"] is False
+    assert "MOVING" in timed.describe()

@@ -40,7 +40,7 @@ from torch import Tensor, nn
 
 __all__ = [
     "Calibrator", "IdentityCalibrator", "ShiftCalibrator", "PlattCalibrator", "IsotonicCalibrator",
-    "AutoCalibrator", "NotRankingError", "compare_score_distributions",
+    "AutoCalibrator", "NotRankingError", "compare_score_distributions", "level_stability",
     "CALIBRATORS", "calibrator_from_dict", "downsampling_correction", "correction_shift",
     "resolve_correction", "CORRECTIONS",
 ]
@@ -522,7 +522,10 @@ class AutoCalibrator(Calibrator):
     3. refuses maps that would reverse the model's order (Platt slope ``<= 0``), and flags a model
        whose scores rank the split's clicks worse than chance (AUC below 0.5 by more than two
        standard errors) as not ranking;
-    4. with the scored data's scores (``reference``), checks that the calibration split resembles
+    4. with request times, tests that the model's miscalibration is the same in every time block
+       (:func:`level_stability`, Cochran's Q at 5 %): a gap that moves with time would be carried
+       from one period into another, so the identity is kept;
+    5. with the scored data's scores (``reference``), checks that the calibration split resembles
        them (:func:`compare_score_distributions`); when it does not, the identity is kept
        (``on_mismatch="identity"``) or the check is only reported (``"warn"``).
 
@@ -677,13 +680,21 @@ class AutoCalibrator(Calibrator):
                              "se": se, "passes": bool(adopt)}
             if adopt and gain > best_gain:
                 best, best_gain = name, gain
+        stability = None
+        if forward:  # the level gap per time block: a map fitted on a moving gap does not transfer
+            stability = level_stability(z, y, w, fold_of, self.folds)
+            if stability.get("stable") is False and best != "none":
+                results[best]["overruled"] = (f"the model's miscalibration changes over time within the "
+                                              f"calibration split (Cochran's Q p = {stability['p_value']:.3g})")
+                best = "none"
         resemblance = None
         if reference is not None:
             zs = z if serving is None else torch.as_tensor(serving).reshape(-1).double()
             resemblance = compare_score_distributions(
                 zs, torch.as_tensor(reference).reshape(-1), calibration_requests=n_groups,
                 scored_requests=int(reference_requests or n_groups))
-            if resemblance["verdict"] == "differs" and best != "none" and self.on_mismatch == "identity":
+            if resemblance["verdict"] == "differs" and best != "none" and self.on_mismatch == "identity" \
+                    and not results[best].get("overruled"):
                 results[best]["overruled"] = "the calibration split does not resemble the scored data"
                 best = "none"
         chosen = IdentityCalibrator()
@@ -697,7 +708,7 @@ class AutoCalibrator(Calibrator):
         self.decision = {"chosen": best, "rule": f"improvement > {self.z:g} x se; {scheme}; "
                          f">= {self.min_clicks_per_param:g} clicks per parameter",
                          "requests": n_groups, "clicks": clicks_total, "candidates": results,
-                         "ranking": ranking, "resemblance": resemblance}
+                         "ranking": ranking, "stability": stability, "resemblance": resemblance}
         return self
 
     def describe(self) -> str:
@@ -718,6 +729,10 @@ class AutoCalibrator(Calibrator):
                 parts.append(f"{name} {r.get('refused') or r.get('error')}")
         line = (f"calibrator auto chose {d['chosen']} on {d['requests']:,} requests / "
                 f"{d['clicks']:,.0f} clicks: " + "; ".join(parts))
+        st = d.get("stability")
+        if st and st.get("stable") is not None:
+            line += (f"; level over time: {'stable' if st['stable'] else 'MOVING'} "
+                     f"(p = {st['p_value']:.3g})")
         res = d.get("resemblance")
         if res:
             line += f"; calibration split vs scored data: {res['verdict']}"
@@ -744,6 +759,42 @@ class AutoCalibrator(Calibrator):
                    on_mismatch=d.get("on_mismatch", "identity"),
                    seed=int(d.get("seed", 0)), chosen=calibrator_from_dict(d["chosen"]),
                    decision=d.get("decision"))
+
+
+def level_stability(logits: Tensor, clicks: Tensor, weights: Tensor, block: Tensor,
+                    n_blocks: int, alpha: float = 0.05) -> dict[str, Any]:
+    """Is the model's miscalibration the same over time? Cochran's Q over time blocks.
+
+    Per block ``k`` the level gap ``g_k = logit(Y_k / N_k) - logit(P_k / N_k)`` (observed vs
+    predicted clicks, half a pseudo-count each) with variance ``1/Y_k + 1/(N_k - Y_k)``;
+    ``Q = Σ (g_k - ḡ)² / var_k`` (``ḡ`` the inverse-variance mean) is ``χ²(K - 1)`` when the gap
+    is constant. A small p-value says the gap moves with time: a map fitted on this split would
+    carry one period's gap into another.
+
+    >>> z = torch.zeros(4000); y = (torch.arange(4000) % 10 == 0).double()
+    >>> level_stability(z - 2.2, y, torch.ones(4000), torch.arange(4000) // 1000, 4)["stable"]
+    True
+    """
+    from scipy.stats import chi2
+
+    p = torch.sigmoid(logits.double())
+    gaps, var = [], []
+    for k in range(n_blocks):
+        m = block == k
+        n_k = float(weights[m].sum())
+        if n_k == 0:
+            continue
+        y_k, p_k = float((weights * clicks)[m].sum()), float((weights * p)[m].sum())
+        gaps.append(math.log((y_k + 0.5) / (n_k - y_k + 0.5)) - math.log((p_k + 0.5) / (n_k - p_k + 0.5)))
+        var.append(1.0 / (y_k + 0.5) + 1.0 / (n_k - y_k + 0.5))
+    if len(gaps) < 2:
+        return {"stable": None, "blocks": len(gaps)}
+    g, v = np.array(gaps), np.array(var)
+    mean = float((g / v).sum() / (1 / v).sum())
+    q = float(((g - mean) ** 2 / v).sum())
+    pval = float(chi2.sf(q, len(g) - 1))
+    return {"stable": pval >= alpha, "q": q, "p_value": pval, "gaps": [round(x, 4) for x in gaps],
+            "blocks": len(gaps)}
 
 
 def _group_min(values: Tensor, gid: Tensor, n_groups: int) -> Tensor:
