@@ -41,6 +41,7 @@ __all__ = [
     "pcoc_from_sums",
     "gap_from_sums",
     "table_from_sums",
+    "field_table_from_sums",
     "log_loss",
     "normalized_entropy",
     "pcoc",
@@ -246,11 +247,19 @@ def pcoc_by_position(
     p, y = _flat(p, labels, mask)
     uniq, inv = torch.unique(pos, return_inverse=True)
     m = uniq.numel()
-    count = torch.bincount(inv, minlength=m).double()
-    sum_p = torch.bincount(inv, weights=p, minlength=m)
-    positives = torch.bincount(inv, weights=y, minlength=m)
+    return field_table_from_sums(uniq, torch.bincount(inv, minlength=m).double(),
+                                 torch.bincount(inv, weights=p, minlength=m),
+                                 torch.bincount(inv, weights=y, minlength=m))
+
+
+def field_table_from_sums(values: Tensor, count: Tensor, sum_p: Tensor,
+                          positives: Tensor) -> PositionCalibration:
+    """The per-value table of the values seen (``count > 0``): impressions, predicted clicks,
+    clicks and PCOC (``+inf`` for a value without clicks), from per-value sums ``[V]``."""
+    seen = count > 0
     ratio = torch.where(positives > 0, sum_p / positives.clamp_min(1), torch.inf)
-    return PositionCalibration(uniq, count, sum_p, positives, ratio)
+    return PositionCalibration(values[seen.to(values.device)], count[seen], sum_p[seen],
+                               positives[seen], ratio[seen])
 
 
 def field_ece(

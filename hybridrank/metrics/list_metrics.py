@@ -20,6 +20,7 @@ from hybridrank.metrics.calibration import (
     ReliabilityTable,
     _check_binning,
     bin_index,
+    field_table_from_sums,
     hist_empty,
     hist_merge,
     hist_of,
@@ -220,10 +221,7 @@ class ListMetrics(Metric):
         else:
             raise ValueError(f"unknown field {name!r}: configured {list(self.fields)}")
         t = self.totals()
-        count, sum_p, pos = (t[f"field:{name}:{part}"][0] for part in ("n", "p", "y"))
-        seen = count > 0
-        ratio = torch.where(pos > 0, sum_p / pos.clamp_min(1), torch.inf)
-        return PositionCalibration(value[seen.cpu()], count[seen], sum_p[seen], pos[seen], ratio[seen])
+        return field_table_from_sums(value, *(t[f"field:{name}:{part}"][0] for part in ("n", "p", "y")))
 
     @property
     def hist_count(self) -> Tensor:

@@ -71,6 +71,7 @@ from hybridrank.metrics.calibration import (
     _div,
     bce,
     bin_index,
+    field_table_from_sums,
     gap_from_sums,
     logloss_from_sums,
     ne_from_sums,
@@ -456,11 +457,7 @@ class RequestStats:
             have = [n for n in self.values]
             raise ValueError(f"no field {name!r} in these statistics (fields: {have})")
         t = self.totals(None, [f"field:{name}:{part}" for part in ("n", "p", "y")])
-        count, sum_p, pos = (v[0] for v in t.values())
-        seen = count > 0
-        ratio_ = torch.where(pos > 0, sum_p / pos.clamp_min(1), torch.inf)
-        return PositionCalibration(self.values[name][seen], count[seen], sum_p[seen], pos[seen],
-                                   ratio_[seen])
+        return field_table_from_sums(self.values[name], *(v[0] for v in t.values()))
 
     def reliability(self) -> ReliabilityTable:
         """The reliability table of the calibration bins (``ece:*`` columns)."""
@@ -603,6 +600,8 @@ def flat_stats(scores: Tensor, labels: Tensor, lengths: Tensor, *, p: Tensor | N
         p = torch.sigmoid(scores.double())
     row = torch.repeat_interleave(torch.arange(r), lengths)
     y = (labels > 0).double()
+    # the final figures are computed in float64 (order and ties of float32 scores are kept)
+    scores, labels = scores.double(), labels.double()
 
     cols: dict[str, Tensor] = {}
     if include:
