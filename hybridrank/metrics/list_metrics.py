@@ -29,7 +29,7 @@ from hybridrank.metrics.calibration import (
     quantile_sums_from_hist,
     table_from_sums,
 )
-from hybridrank.metrics.ranking import K, _check_lists, _check_options, _resolve_ks
+from hybridrank.metrics.ranking import K, _check_options, _resolve_ks
 from hybridrank.metrics.request_stats import (
     RANKING,
     impression_sums,
@@ -127,21 +127,20 @@ class ListMetrics(Metric):
                                             n_positions=self.n_positions, fields=list(self.fields))
         # the layout of the packed sums: the kernel's columns on an empty batch
         z = torch.zeros(0, 0)
-        empty_sums = self._sums(z, z, z > 0, torch.zeros(0, dtype=torch.long), None, {})
+        none = torch.zeros(0, dtype=torch.float64)
+        empty_sums = self._sums(z, z, z > 0, torch.zeros(0, dtype=torch.long), none, none, {})
         self._layout = {name: tuple(c.shape[1:]) for name, c in empty_sums.items()}
         size = sum(c.numel() for c in empty_sums.values())
         self.add_state("sums", torch.zeros(size, dtype=torch.float64), dist_reduce_fx="sum")
         self.add_state("hist", hist_empty(hist_bins), dist_reduce_fx=hist_reduce)
 
     def _sums(self, logits: Tensor, labels: Tensor, mask: Tensor, position: Tensor | None,
-              p: Tensor | None, codes: Mapping[str, Tensor]) -> dict[str, Tensor]:
-        """The column totals of a batch: the engine's kernel, every list in group 0."""
+              p: Tensor, y: Tensor, codes: Mapping[str, Tensor]) -> dict[str, Tensor]:
+        """The column totals of a batch: the engine's kernel, every list in group 0 (``p``, ``y``:
+        the probabilities and binary labels of the real impressions, ``[n]``)."""
         group = torch.zeros(mask.shape[0], dtype=torch.long, device=mask.device)
         out = ranking_sums(logits, labels, mask, ks=self.ks, gain=self.gain, empty=self.empty,
                            ties=self.ties, include=RANKING, group=group, n_groups=1)
-        y = (labels[mask] > 0).double()
-        if p is None:
-            p = torch.sigmoid(logits[mask].double())
         row = torch.zeros(y.numel(), dtype=torch.long, device=mask.device)
         if position is None:  # position 0 counts nowhere: the columns keep their layout
             position = row
@@ -156,8 +155,7 @@ class ListMetrics(Metric):
                positions: Tensor | None = None, fields: Mapping[str, Tensor] | None = None) -> None:
         """Add whole lists: ``logits``, ``labels``, ``mask``, int ``positions``, all ``[G, L]``,
         and ``fields``, ``{name: [G, L] int codes}`` for every configured field."""
-        logits = logits.detach()
-        _check_lists(logits, labels, mask)
+        logits = logits.detach()  # the kernel checks the lists (ranking_sums)
         position = None
         if positions is not None and self.n_positions:
             if positions.shape != mask.shape:
@@ -165,10 +163,10 @@ class ListMetrics(Metric):
             position = positions[mask]
         codes = self._field_codes(fields, mask)
         z = logits[mask].double()
-        p = torch.sigmoid(z)
-        sums = self._sums(logits, labels, mask, position, p, codes)
+        p, y = torch.sigmoid(z), (labels[mask] > 0).double()
+        sums = self._sums(logits, labels, mask, position, p, y, codes)
         self.sums += torch.cat([c.reshape(-1) for c in sums.values()])
-        self.hist = hist_merge(self.hist, hist_of(z, p, (labels[mask] > 0).double(), self.hist_bins))
+        self.hist = hist_merge(self.hist, hist_of(z, p, y, self.hist_bins))
 
     def _field_codes(self, fields: Mapping[str, Tensor] | None, mask: Tensor) -> dict[str, Tensor]:
         if not self.fields:

@@ -215,7 +215,17 @@ def _into(values: Tensor, group: Tensor | None, n_groups: int | None) -> Tensor:
     values = values.double()
     if group is None:
         return values
+    if n_groups == 1:  # everything in one group (ListMetrics): a plain sum
+        return values.sum().reshape(1)
     return torch.zeros(n_groups, dtype=torch.float64, device=values.device).index_add_(0, group, values)
+
+
+def _by_row(row: Tensor, n_rows: int, w: Tensor | None = None) -> Tensor:
+    """``[n_rows]`` sums of ``w`` (None: counts) per row."""
+    if n_rows == 1:
+        return (torch.tensor(float(row.numel()), dtype=torch.float64, device=row.device) if w is None
+                else w.sum()).reshape(1)
+    return torch.bincount(row, w, minlength=n_rows).double()
 
 
 def ranking_sums(scores: Tensor, labels: Tensor, mask: Tensor, *, ks: Sequence[int | None] = (10,),
@@ -234,13 +244,15 @@ def ranking_sums(scores: Tensor, labels: Tensor, mask: Tensor, *, ks: Sequence[i
     blocks = tie_blocks(scores, mask)
     dt = _dtype(scores, labels)
     nonempty = mask.any(1)
-    has_pos = ((labels > 0) & mask).any(1)
+    if "ndcg" in include:  # gains > 0 exactly where labels > 0: its has-positive flags serve all
+        nd, has_pos = _ndcg_blocks(blocks, labels, mask, ks, gain, dt)
+    else:
+        has_pos = ((labels > 0) & mask).any(1)
     valid = (nonempty & has_pos) if empty == "skip" else nonempty
     v = valid.double()
     cols = {"lists:n": nonempty.double(), "lists:empty": (nonempty & ~has_pos).double(),
             "lists:valid": v}
     if "ndcg" in include:
-        nd, _ = _ndcg_blocks(blocks, labels, mask, ks, gain, dt)
         nd, _ = _apply_empty(nd, has_pos, mask, empty)
         for j, k in enumerate(ks):
             cols[("ndcg" if k is None else f"ndcg@{k}") + ":sum"] = nd[:, j].double() * v
@@ -301,10 +313,8 @@ def impression_sums(p: Tensor, y: Tensor, row: Tensor, n_rows: int, *, bins: int
     """
     cols: dict[str, Tensor] = {}
     if calibration:
-        cols = {"cal:n": torch.bincount(row, minlength=n_rows).double(),
-                "cal:ll": torch.bincount(row, bce(p, y), minlength=n_rows),
-                "cal:sum_p": torch.bincount(row, p, minlength=n_rows),
-                "cal:sum_y": torch.bincount(row, y, minlength=n_rows)}
+        cols = {"cal:n": _by_row(row, n_rows), "cal:ll": _by_row(row, n_rows, bce(p, y)),
+                "cal:sum_p": _by_row(row, n_rows, p), "cal:sum_y": _by_row(row, n_rows, y)}
     if bin_idx is not None:
         cols.update(_cells("ece", row, bin_idx, n_rows, bins, True, n=None, p=p, y=y))
     if n_positions and position is not None:
