@@ -338,19 +338,10 @@ def fit_lightgbm(objective: str, splits, params: Mapping[str, Any], *, max_round
 
 
 def split_stats(data, logits: torch.Tensor, *, ks: Sequence[int] = (10,), empty: str = "skip"):
-    """Per-request ranking + calibration statistics of flat ``[N]`` logits on a split
-    (:mod:`hybridrank.metrics.uncertainty`): ``ndcg@k``, ``map``, ``mrr``, ``gauc`` of the logits and
-    ``logloss``, ``ne``, ``pcoc``, ``ece`` (15 quantile bins), ``ctr`` of ``sigmoid(logit)``,
-    binary relevance label > 0 for the calibration metrics. Same conventions as :func:`evaluate`."""
-    from hybridrank.lists import gather_lists, pad_index
-    from hybridrank.metrics.request_stats import calibration_stats, ranking_stats
+    """Per-request statistics of flat ``[N]`` logits on a split: the engine's
+    :func:`hybridrank.metrics.request_stats.split_stats` (``ndcg@k``, ``map``, ``mrr``, ``auc``,
+    ``gauc`` of the logits; ``logloss``, ``ne``, ``ece`` (15 quantile bins), ``pcoc``, ``ctr`` of
+    ``sigmoid(logit)``) with the conventions of :func:`evaluate`."""
+    from hybridrank.metrics.request_stats import split_stats as engine_stats
 
-    index, mask = pad_index(data.lengths)
-    z = gather_lists(logits.double(), index, mask)
-    y = gather_lists(data.label.double(), index, mask)
-    rank = ranking_stats(z, y, mask, ks=tuple(ks), gain=BASE_METRICS["gain"], empty=empty,
-                         ties=BASE_METRICS["ties"])
-    p = torch.sigmoid(z).masked_fill(~mask, 0.0)
-    cal = calibration_stats(p, (y > 0).double(), mask, bins=BASE_METRICS["bins"],
-                            binning=BASE_METRICS["binning"])
-    return rank.merge(cal)
+    return engine_stats(data, logits.double(), **{**BASE_METRICS, "ks": tuple(ks), "empty": empty})

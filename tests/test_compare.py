@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 import pytest
+import torch
 
 from hybridrank.cli.compare import compare_scores, main
 
@@ -45,3 +46,36 @@ def test_mismatched_files_are_refused(tmp_path):
     noise.write_csv(tmp_path / "b.csv")
     assert main([str(tmp_path / "a.parquet"), str(tmp_path / "b.csv"), "--n-boot", "50"]) == 0
     assert main([str(tmp_path / "a.parquet"), str(tmp_path / "a.parquet")]) == 2
+
+
+def test_report_cells_are_the_engines_points_and_the_metrics_of_the_scores():
+    """Every estimate printed is the one engine's point (frame_stats), and that is the metric of
+    the file's scores by plain loops / sklearn."""
+    from sklearn.metrics import average_precision_score, ndcg_score, roc_auc_score
+
+    from hybridrank.cli.compare import METRICS
+    from hybridrank.metrics.calibration import bin_index
+    from hybridrank.metrics.request_stats import frame_stats
+
+    good, _, _ = _frames(seed=1, n_req=120)
+    report = compare_scores({"good": good}, n_boot=50)
+    row = next(r for r in report.splitlines() if r.startswith("| good"))
+    printed = [float(cell.split(" [")[0]) for cell in row.strip("| \n").split(" | ")[1:]]
+    point = frame_stats(good).point()
+    assert printed == [round(point[m], 4) for m in METRICS]
+    p, y = good["pctr"].to_numpy(), good["label"].to_numpy()
+    lists = [(p[i:i + 8], y[i:i + 8]) for i in range(0, len(p), 8)]
+    pos = [(s, t) for s, t in lists if t.any()]
+    two = [(s, t) for s, t in pos if not t.all()]
+    q = np.clip(p, 1e-7, 1 - 1e-7)
+    b = bin_index(torch.from_numpy(p), 15).numpy()
+    want = {
+        "ndcg@10": np.mean([ndcg_score([2 ** t - 1], [s], k=10) for s, t in pos]),
+        "gauc": sum(len(s) * roc_auc_score(t, s) for s, t in two) / sum(len(s) for s, _ in two),
+        "map": np.mean([average_precision_score(t, s) for s, t in pos]),
+        "logloss": -np.mean(y * np.log(q) + (1 - y) * np.log(1 - q)),
+        "ece": sum(abs(p[b == k].sum() - y[b == k].sum()) for k in range(15)) / len(p),
+        "pcoc": p.sum() / y.sum(),
+    }
+    for m in METRICS:
+        assert point[m] == pytest.approx(want[m], rel=1e-9), m

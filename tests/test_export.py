@@ -365,7 +365,31 @@ def test_evaluate_writes_report(trained, tmp_path):
     assert oracle["f_ece"] < s["before"]["fields"]["item_category"]["f_ece"] + 0.01
     iv = result["intervals"]["rows"]["before"]["f_ece@item_category"]
     assert iv[1] <= iv[0] <= iv[2]
-    assert iv[0] == pytest.approx(s["before"]["fields"]["item_category"]["f_ece"], abs=1e-9)
+    # one engine: the summaries, the ranking block and the intervals print the same numbers
+    for row, summary in s.items():
+        ivs = result["intervals"]["rows"][row]
+        for key in ("logloss", "ece", "pcoc"):
+            assert ivs[key][0] == summary[key], (row, key)
+        assert ivs["f_ece@item_category"][0] == summary["fields"]["item_category"]["f_ece"]
+    for row in ("before", "after"):
+        assert all(result["ranking"][row][k] == s[row][k] for k in ("logloss", "ece", "pcoc"))
+        assert result["ranking"][row]["ndcg@10"] == result["intervals"]["rows"][row]["ndcg@10"][0]
+    # ... and they are the metrics of the scores: the model's pCTR (no downsampling correction
+    # here) and the true pCTR, by the pure functions
+    from hybridrank.lists import gather_lists, pad_index
+    from hybridrank.metrics import ece, log_loss, ndcg
+
+    assert result["correction"]["logit_shift"] == 0.0
+    z = trained["model"].predict_split(test, at_logged_position=True)[0].double()
+    p = torch.sigmoid(z)
+    assert s["before"]["logloss"] == pytest.approx(float(log_loss(p, test.label)), rel=1e-9)
+    assert s["before"]["ece"] == pytest.approx(float(ece(p, test.label)), rel=1e-9)
+    assert s["oracle (true pCTR)"]["ece"] == pytest.approx(float(ece(test.true_p.double(), test.label)),
+                                                          rel=1e-9)
+    index, mask = pad_index(test.lengths)
+    assert result["ranking"]["before"]["ndcg@10"] == pytest.approx(float(ndcg(
+        gather_lists(z, index, mask), gather_lists(test.label.double(), index, mask), mask, k=10)),
+        rel=1e-9)
 
 
 def test_metadata_is_strings():

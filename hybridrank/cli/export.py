@@ -32,9 +32,10 @@ from omegaconf import DictConfig, OmegaConf
 from hybridrank.atomic import check_writable
 from hybridrank.cli.train import CONF_DIR
 from hybridrank.lists import ListData
-from hybridrank.metrics.report import calibration_summary, write_report
-from hybridrank.metrics.uncertainty import split_intervals
-from hybridrank.models.ranker import HybridRanker, evaluate_chunks
+from hybridrank.metrics.report import calibration_summary, stats_summary, write_report
+from hybridrank.metrics.request_stats import flat_stats
+from hybridrank.metrics.uncertainty import interval_table
+from hybridrank.models.ranker import HybridRanker
 from hybridrank.serving.calibration import (
     AutoCalibrator,
     Calibrator,
@@ -390,7 +391,9 @@ def evaluate(cfg: DictConfig) -> dict[str, Any]:
     ``field_calibration_{field}.png`` per calibration field (``cfg.fields``, default the model's
     ``metrics.fields``) to ``cfg.output_dir`` and returns the numbers: ``summaries`` (``before``: the model's pCTR after
     the downsampling correction; ``after``: calibrated; ``oracle``: the true pCTR on simulated
-    data), ``ranking`` (NDCG / GAUC ... of both) and the calibrator's parameters.
+    data), ``ranking`` (NDCG / GAUC ... of both) and the calibrator's parameters. Every figure of a
+    row, and its bootstrap interval (``n_boot``), derives from one set of per-request statistics of
+    that row (:mod:`hybridrank.metrics.request_stats`).
     """
     split = str(cfg.get("split", "test"))
     if split not in SPLITS:
@@ -405,42 +408,39 @@ def evaluate(cfg: DictConfig) -> dict[str, Any]:
         zs.append(prep.model.predict_split(data, at_logged_position=True)[0].double() + prep.shift)
     z = torch.cat(zs)
     label = torch.cat([d.label for d in datas])
+    lengths = torch.cat([d.lengths for d in datas])
     position = None if datas[0].position is None else torch.cat([d.position for d in datas])
-    p_before = torch.sigmoid(z)
     p_after = prep.calibrator.predict_proba(z)
     fields, field_labels = _report_fields(prep.model, cfg.get("fields"), datas)
+    # one set of per-request statistics per row: the summaries, the ranking metrics and the
+    # intervals all derive from it (hybridrank.metrics.request_stats)
+    conventions = {**prep.model.metric_conventions, "bins": int(cfg.get("bins", 15))}
 
-    def summary(p: torch.Tensor) -> dict[str, Any]:
-        return calibration_summary(p, label, position, bins=int(cfg.get("bins", 15)),
-                                   fields=fields, field_labels=field_labels)
+    def statistics(scores: torch.Tensor, p: torch.Tensor):
+        return flat_stats(scores, label, lengths, p=p, position=position, fields=fields,
+                          **conventions)
 
-    summaries = {"before": summary(p_before), "after": summary(p_after)}
+    stats = {"before": statistics(z, torch.sigmoid(z)), "after": statistics(p_after, p_after)}
     if datas[0].true_p is not None:
-        true_p = torch.cat([d.true_p for d in datas])
-        summaries["oracle (true pCTR)"] = summary(true_p)
+        true_p = torch.cat([d.true_p for d in datas]).double()
+        stats["oracle (true pCTR)"] = statistics(true_p, true_p)
+    summaries = {name: stats_summary(st, field_labels=field_labels) for name, st in stats.items()}
 
-    def ranking(logits: torch.Tensor) -> dict[str, float]:
-        bounds = torch.cumsum(torch.tensor([0] + [d.n_impressions for d in datas]), 0)
-        pairs = ((d, logits[bounds[i]:bounds[i + 1]]) for i, d in enumerate(datas))
-        return evaluate_chunks(pairs, prep.model.new_metrics(), prep.model.field_columns)
+    def points(name: str) -> dict[str, float]:
+        return {k: v for k, v in stats[name].point().items() if v is not None}
 
     extra = {"checkpoint": prep.checkpoint_path, "checkpoint_sha256": prep.checkpoint_sha256,
              "split": split, "calibrator": prep.calibrator.to_dict(),
              "correction": prep.correction, "calibration_fit": prep.calibration_fit,
-             "ranking": {"before": ranking(z.float()),
-                         "after": ranking(torch.logit(p_after, eps=1e-12).float())}}
+             "ranking": {"before": points("before"), "after": points("after")}}
     n_boot = int(cfg.get("n_boot", 1000))
     if n_boot:
         # intervals over the split's requests; "after" and the oracle paired against "before"
-        whole = datas[0] if len(datas) == 1 else _concat_chunks(datas)
-        rows = {"before": z, "after": torch.logit(p_after, eps=1e-12)}
-        if "oracle (true pCTR)" in summaries:
-            rows["oracle (true pCTR)"] = torch.logit(true_p.double(), eps=1e-7)
         names = tuple(fields or ())
-        extra["intervals"] = split_intervals(
-            whole, rows, metrics=("logloss", "ece", "pcoc", "ndcg@10", "gauc",
-                                  *(f"f_ece@{n}" for n in names)),
-            n_boot=n_boot, seed=int(cfg.get("seed", 0)), fields=fields, **prep.model.metric_conventions)
+        extra["intervals"] = interval_table(
+            stats, metrics=("logloss", "ece", "pcoc", "ndcg@10", "gauc",
+                            *(f"f_ece@{n}" for n in names)),
+            n_boot=n_boot, seed=int(cfg.get("seed", 0)))
     files = write_report(out_dir, summaries, extra=extra, figures=bool(cfg.get("figures", True)))
     return {**extra, "summaries": summaries, "files": files}
 
@@ -461,12 +461,6 @@ def _report_fields(model, names, datas: list[ListData]):
         return lambda code: "out of vocabulary / missing" if code == 0 else vocab[code - 1]
 
     return codes, {n: namer(n) for n in resolved}
-
-
-def _concat_chunks(datas: list[ListData]) -> ListData:
-    from hybridrank.cli.train import _concat
-
-    return _concat(datas)
 
 
 def _summary_line(name: str, s: Mapping[str, Any]) -> str:

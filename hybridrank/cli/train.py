@@ -6,7 +6,7 @@ import logging
 import math
 import sys
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -16,9 +16,10 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from hybridrank.atomic import write_json, write_text
-from hybridrank.models.ranker import HybridRanker, evaluate_chunks
+from hybridrank.models.ranker import HybridRanker
 
-__all__ = ["train", "train_main", "format_table", "build_model", "build_trainer", "reference_rows"]
+__all__ = ["train", "train_main", "format_table", "build_model", "build_trainer", "reference_rows",
+           "final_statistics", "final_figures"]
 
 log = logging.getLogger(__name__)
 
@@ -92,12 +93,11 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     }
     if cfg.get("test_after_fit", True):
         tested = trainer.test(model, datamodule=datamodule, ckpt_path=best, verbose=False)
-        result["test"] = {k: float(v) for k, v in tested[0].items()}
-        result["reference"] = reference_rows(lambda: datamodule.eval_chunks("test", 1 << 20),
-                                             model.new_metrics, model.field_columns)
-        if trainer.is_global_zero and cfg.get("intervals", {}).get("n_boot", 0):
-            # trainer.test restored the best weights into `model`
-            result["intervals"] = test_intervals(model, datamodule, **cfg.intervals)
+        result["test"] = {k: float(v) for k, v in tested[0].items()}  # streaming (every rank)
+        if trainer.is_global_zero:
+            # trainer.test restored the best weights into `model`; the final figures and their
+            # intervals come from one set of per-request statistics of the test split
+            result.update(final_figures(model, datamodule, **(cfg.get("intervals") or {})))
     if model.position_bias is not None:  # the best checkpoint's offsets (restored by trainer.test)
         if best is not None and not cfg.get("test_after_fit", True):
             model = HybridRanker.load_from_checkpoint(best, weights_only=True)
@@ -158,64 +158,66 @@ def resume_checkpoint(cfg: DictConfig, out_dir: Path) -> str | None:
     return str(resume)
 
 
-def reference_rows(chunks: Callable[[], Iterable], new_metrics: Callable[[], Any],
-                   field_columns: Mapping[str, int] | None = None) -> dict[str, dict[str, float]]:
-    """Metrics of reference predictors on a split: the true pCTR when known, the base rate.
-
-    Args:
-        chunks: returns an iterator over the split's ``ListData`` pieces (called twice: the
-            base rate is the split's own click rate, a constant score, which with
-            ``ties="average"`` is also the expected NDCG of a random order).
-        new_metrics: a fresh :class:`~hybridrank.metrics.list_metrics.ListMetrics` with the run's conventions.
-        field_columns: ``{field: column of ListData.cat}`` of its calibration fields.
-    """
-    clicks, n, has_truth = 0.0, 0, True
-    for data in chunks():
-        clicks += float((data.label > 0).sum())
-        n += data.n_impressions
-        has_truth &= data.true_p is not None
-    rate = min(max(clicks / max(n, 1), 1e-7), 1 - 1e-7)
-    rows = {}
-    if has_truth:
-        rows["oracle (true pCTR)"] = evaluate_chunks(
-            ((d, torch.logit(d.true_p.double(), eps=1e-7)) for d in chunks()), new_metrics(),
-            field_columns)
-    rows["base rate"] = evaluate_chunks(
-        ((d, torch.logit(torch.full((d.n_impressions,), rate, dtype=torch.float64))) for d in chunks()),
-        new_metrics(), field_columns)
+def reference_rows(label: torch.Tensor, true_p: torch.Tensor | None) -> dict[str, torch.Tensor]:
+    """Probabilities of the reference predictors on a split: the true pCTR when known, and the
+    base rate (the split's own click rate: a constant score, which with ``ties="average"`` is also
+    the expected NDCG of a random order)."""
+    rate = min(max(float((label > 0).double().mean()) if label.numel() else 0.0, 1e-7), 1 - 1e-7)
+    rows = {} if true_p is None else {"oracle (true pCTR)": true_p.double()}
+    rows["base rate"] = torch.full((label.numel(),), rate, dtype=torch.float64)
     return rows
 
 
-def test_intervals(model: HybridRanker, datamodule, *, n_boot: int = 1000, alpha: float = 0.05,
-                   seed: int = 0) -> dict[str, Any]:
-    """Bootstrap intervals over test requests for the model and the reference rows
-    (:func:`hybridrank.metrics.uncertainty.split_intervals`; paired against this model)."""
-    from hybridrank.metrics.uncertainty import split_intervals
+def final_statistics(model: HybridRanker, chunks: Iterable) -> dict[str, Any]:
+    """Per-request statistics (:mod:`hybridrank.metrics.request_stats`) of this model and the
+    reference rows on a split given as chunks of whole requests, with the model's metric
+    conventions and fields. Only the scores, labels, positions and field codes are kept."""
+    from hybridrank.metrics.request_stats import flat_stats
 
-    datas = list(datamodule.eval_chunks("test", 1 << 20))
-    data = datas[0] if len(datas) == 1 else _concat(datas)
-    z = model.predict_split(data, at_logged_position=True)[0]
-    rate = float((data.label > 0).double().mean().clamp(1e-7, 1 - 1e-7))
-    rows = {"this model": z}
-    if data.true_p is not None:
-        rows["oracle (true pCTR)"] = torch.logit(data.true_p.double(), eps=1e-7)
-    rows["base rate"] = torch.logit(torch.full_like(z, rate, dtype=torch.float64))
-    fields = {n: data.cat[:, j] for n, j in model.field_columns.items()}
-    return split_intervals(data, rows, metrics=TABLE_COLUMNS + tuple(f"f_ece@{n}" for n in fields),
-                           n_boot=n_boot, alpha=alpha, seed=seed, fields=fields,
-                           **model.metric_conventions)
+    parts: dict[str, list] = {k: [] for k in ("z", "label", "lengths", "position", "true_p")}
+    codes: dict[str, list] = {n: [] for n in model.field_columns}
+    for data in chunks:
+        parts["z"].append(model.predict_split(data, at_logged_position=True)[0])
+        parts["label"].append(data.label)
+        parts["lengths"].append(data.lengths)
+        parts["position"].append(data.position)
+        parts["true_p"].append(data.true_p)
+        for n, j in model.field_columns.items():
+            codes[n].append(data.cat[:, j])
+    cat = {k: None if not v or any(t is None for t in v) else torch.cat(v) for k, v in parts.items()}
+    if cat["z"] is None:
+        raise ValueError("the split holds no request to evaluate")
+    fields = {n: torch.cat(c) for n, c in codes.items()}
+    conv = model.metric_conventions
+
+    def stats(scores, p=None):
+        return flat_stats(scores, cat["label"], cat["lengths"], p=p, position=cat["position"],
+                          fields=fields, **conv)
+
+    out = {"this model": stats(cat["z"])}
+    for name, p in reference_rows(cat["label"], cat["true_p"]).items():
+        out[name] = stats(p, p)
+    return out
 
 
-def _concat(datas):
-    """Chunks of whole requests of one split as one ``ListData`` (the fields intervals need)."""
-    from hybridrank.lists import ListData, lengths_to_offsets
+def final_figures(model: HybridRanker, datamodule, *, n_boot: int = 0, alpha: float = 0.05,
+                seed: int = 0) -> dict[str, Any]:
+    """The final test figures of a run: ``test`` (this model, keys ``test/...``), ``reference``
+    (the oracle and base-rate rows) and, with ``n_boot``, ``intervals``: bootstrap intervals over
+    test requests (:func:`hybridrank.metrics.uncertainty.interval_table`, paired against this
+    model). Points and intervals derive from the same statistics (:func:`final_statistics`)."""
+    from hybridrank.metrics.uncertainty import interval_table
 
-    true_p = None if any(d.true_p is None for d in datas) else torch.cat([d.true_p for d in datas])
-    return ListData(num=torch.cat([d.num for d in datas]), cat=torch.cat([d.cat for d in datas]),
-                    label=torch.cat([d.label for d in datas]),
-                    offsets=lengths_to_offsets(torch.cat([d.lengths for d in datas])),
-                    position=None if any(d.position is None for d in datas)
-                    else torch.cat([d.position for d in datas]), true_p=true_p)
+    stats = final_statistics(model, datamodule.eval_chunks("test", 1 << 20))
+    points = {name: {k: v for k, v in st.point().items() if v is not None}
+              for name, st in stats.items()}
+    out: dict[str, Any] = {"test": {f"test/{k}": v for k, v in points.pop("this model").items()},
+                           "reference": points}
+    if n_boot:
+        metrics = TABLE_COLUMNS + tuple(f"f_ece@{n}" for n in model.field_columns)
+        out["intervals"] = interval_table(stats, metrics=metrics, n_boot=n_boot, alpha=alpha,
+                                          seed=seed)
+    return out
 
 
 def format_table(result: dict[str, Any], columns=TABLE_COLUMNS) -> str:

@@ -2,8 +2,10 @@
 as pure functions, the streaming ``ListMetrics``, per-request statistics and bootstrap intervals.
 
 - ``ranking.py``, ``calibration.py``: pure functions over padded ``[G, L]`` lists.
-- ``list_metrics.py``: :class:`ListMetrics` (torchmetrics, sum states, DDP-exact).
-- ``request_stats.py``: per-request sufficient statistics; ``uncertainty.py``: bootstrap over requests.
+- ``request_stats.py``: the metric engine: per-request sufficient statistics from which every point
+  estimate, field table and bootstrap replicate derives; ``uncertainty.py``: bootstrap over requests.
+- ``list_metrics.py``: :class:`ListMetrics` (torchmetrics): the engine's column totals as sum states
+  (DDP-exact, memory-flat) for training-time validation.
 - ``report.py``: calibration summaries and figures of ``hybridrank-eval``.
 """
 
@@ -19,6 +21,7 @@ _EXPORTS = {
     "RequestStats": "hybridrank.metrics.request_stats",
     "Statistic": "hybridrank.metrics.request_stats",
     "auc": "hybridrank.metrics.ranking",
+    "auc_from_counts": "hybridrank.metrics.ranking",
     "auc_per_list": "hybridrank.metrics.ranking",
     "average_precision_per_list": "hybridrank.metrics.ranking",
     "bin_index": "hybridrank.metrics.calibration",
@@ -29,11 +32,16 @@ _EXPORTS = {
     "compare_bootstrap": "hybridrank.metrics.uncertainty",
     "ece": "hybridrank.metrics.calibration",
     "field_ece": "hybridrank.metrics.calibration",
+    "field_stats": "hybridrank.metrics.request_stats",
+    "flat_stats": "hybridrank.metrics.request_stats",
     "format_interval": "hybridrank.metrics.uncertainty",
     "frame_stats": "hybridrank.metrics.request_stats",
     "gauc": "hybridrank.metrics.ranking",
+    "interval_table": "hybridrank.metrics.uncertainty",
+    "list_stats": "hybridrank.metrics.request_stats",
     "log_loss": "hybridrank.metrics.calibration",
     "mean_average_precision": "hybridrank.metrics.ranking",
+    "metric_statistics": "hybridrank.metrics.request_stats",
     "mrr": "hybridrank.metrics.ranking",
     "ndcg": "hybridrank.metrics.ranking",
     "ndcg_per_list": "hybridrank.metrics.ranking",
@@ -49,7 +57,6 @@ _EXPORTS = {
     "reliability_table": "hybridrank.metrics.calibration",
     "request_offsets": "hybridrank.metrics.request_stats",
     "resample_counts": "hybridrank.metrics.uncertainty",
-    "split_intervals": "hybridrank.metrics.uncertainty",
     "split_stats": "hybridrank.metrics.request_stats",
 }
 __all__ = sorted(_EXPORTS)

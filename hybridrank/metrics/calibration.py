@@ -6,6 +6,13 @@ glossary in :mod:`hybridrank.lists`). Labels are binarised, ``y = label > 0`` (C
 All sums are taken in float64. NaN in ``p`` or ``labels`` raises ``ValueError`` naming the argument;
 so does ``p`` outside ``[0, 1]``.
 
+Every metric here is a formula over sums (``*_from_sums``: log loss, NE, PCOC, and the one
+``|predicted - observed|`` gap behind ECE and F-ECE), written once: the pure functions below apply
+it to the sums of their input, :class:`~hybridrank.metrics.list_metrics.ListMetrics` to its
+streaming states and :class:`~hybridrank.metrics.request_stats.RequestStats` to (re-weighted)
+totals of per-request sums. The formulas are vectorised over leading dimensions (one row per
+bootstrap replicate) and return ``(value, defined)``.
+
 Binning (ECE and reliability tables), ``B`` bins over ``n`` impressions:
 
 - ``"uniform"``: bin ``min(floor(p * B), B - 1)``, so p = 0 is in bin 0 and p = 1 in bin ``B - 1``.
@@ -28,6 +35,13 @@ from torch import Tensor
 
 __all__ = [
     "EPS",
+    "bce",
+    "logloss_from_sums",
+    "ne_from_sums",
+    "pcoc_from_sums",
+    "gap_from_sums",
+    "table_from_sums",
+    "field_table_from_sums",
     "log_loss",
     "normalized_entropy",
     "pcoc",
@@ -92,14 +106,59 @@ def _check_binning(bins: int, binning: str) -> None:
         raise ValueError(f"bins must be a positive int, got {bins!r}")
 
 
-def _bce_sum(p: Tensor, y: Tensor) -> Tensor:
-    """Summed binary cross-entropy of float64 probabilities clipped to ``[EPS, 1 - EPS]``."""
+def bce(p: Tensor, y: Tensor) -> Tensor:
+    """Binary cross-entropy of each float64 probability, clipped to ``[EPS, 1 - EPS]``.
+
+    >>> round(float(bce(torch.tensor([0.5], dtype=torch.float64), torch.tensor([1.0]))), 6)
+    0.693147
+    """
     q = p.clamp(EPS, 1 - EPS)
-    return -(y * torch.log(q) + (1 - y) * torch.log1p(-q)).sum()
+    return -(y * torch.log(q) + (1 - y) * torch.log1p(-q))
 
 
-def _binary_entropy(q: Tensor) -> Tensor:
-    return -(q * torch.log(q) + (1 - q) * torch.log1p(-q))
+def _div(num: Tensor, den: Tensor) -> tuple[Tensor, Tensor]:
+    """``num / den`` where ``den > 0`` (0 elsewhere), and that flag."""
+    ok = den > 0
+    return torch.where(ok, num / torch.where(ok, den, torch.ones_like(den)), torch.zeros_like(num)), ok
+
+
+def logloss_from_sums(ll: Tensor, n: Tensor) -> tuple[Tensor, Tensor]:
+    """Log loss ``sum bce / n`` from the summed :func:`bce` and the impressions; defined if n > 0."""
+    return _div(ll, n)
+
+
+def ne_from_sums(ll: Tensor, n: Tensor, positives: Tensor) -> tuple[Tensor, Tensor]:
+    """Normalized entropy ``(ll / n) / H(positives / n)``; defined when both classes occur."""
+    ok = (positives > 0) & (positives < n)
+    q = torch.where(ok, positives / torch.where(n > 0, n, torch.ones_like(n)), torch.full_like(n, 0.5))
+    h = -(q * torch.log(q) + (1 - q) * torch.log1p(-q))
+    return torch.where(ok, ll / torch.where(ok, n, torch.ones_like(n)) / h, torch.zeros_like(ll)), ok
+
+
+def pcoc_from_sums(sum_p: Tensor, positives: Tensor) -> tuple[Tensor, Tensor]:
+    """PCOC ``sum p / positives``; defined when there is a positive."""
+    return _div(sum_p, positives)
+
+
+def gap_from_sums(sum_p: Tensor, sum_y: Tensor, count: Tensor) -> tuple[Tensor, Tensor]:
+    """``sum_c |sum_p_c - sum_y_c| / sum_c n_c`` over cells ``c`` (the last dimension).
+
+    With calibration bins as cells this is the ECE, ``sum_b (n_b / n) |mean_p_b - mean_y_b|``; with
+    the values of a field it is the field-level ECE. Defined when the cells hold an impression.
+    """
+    return _div((sum_p - sum_y).abs().sum(-1), count.sum(-1))
+
+
+def _defined(value_ok: tuple[Tensor, Tensor], message: str) -> Tensor:
+    """The scalar value of a formula, or ``ValueError(message)`` where it is undefined."""
+    value, ok = value_ok
+    if not bool(ok):
+        raise ValueError(message)
+    return value
+
+
+def _n(p: Tensor) -> Tensor:
+    return torch.tensor(float(p.numel()), dtype=torch.float64, device=p.device)
 
 
 def log_loss(p: Tensor, labels: Tensor, *, mask: Tensor | None = None) -> Tensor:
@@ -119,9 +178,7 @@ def log_loss(p: Tensor, labels: Tensor, *, mask: Tensor | None = None) -> Tensor
     0.693147
     """
     p, y = _flat(p, labels, mask)
-    if p.numel() == 0:
-        raise ValueError("log_loss of zero impressions")
-    return _bce_sum(p, y) / p.numel()
+    return _defined(logloss_from_sums(bce(p, y).sum(), _n(p)), "log_loss of zero impressions")
 
 
 def normalized_entropy(p: Tensor, labels: Tensor, *, mask: Tensor | None = None) -> Tensor:
@@ -141,11 +198,8 @@ def normalized_entropy(p: Tensor, labels: Tensor, *, mask: Tensor | None = None)
     1.0
     """
     p, y = _flat(p, labels, mask)
-    n = p.numel()
-    rate = y.sum() / max(n, 1)
-    if n == 0 or not 0 < float(rate) < 1:
-        raise ValueError("normalized_entropy undefined: labels have a single class")
-    return _bce_sum(p, y) / n / _binary_entropy(rate)
+    return _defined(ne_from_sums(bce(p, y).sum(), _n(p), y.sum()),
+                    "normalized_entropy undefined: labels have a single class")
 
 
 def pcoc(p: Tensor, labels: Tensor, *, mask: Tensor | None = None) -> Tensor:
@@ -163,10 +217,7 @@ def pcoc(p: Tensor, labels: Tensor, *, mask: Tensor | None = None) -> Tensor:
     1.2
     """
     p, y = _flat(p, labels, mask)
-    positives = y.sum()
-    if float(positives) == 0:
-        raise ValueError("pcoc undefined: no positive label")
-    return p.sum() / positives
+    return _defined(pcoc_from_sums(p.sum(), y.sum()), "pcoc undefined: no positive label")
 
 
 def pcoc_by_position(
@@ -196,11 +247,19 @@ def pcoc_by_position(
     p, y = _flat(p, labels, mask)
     uniq, inv = torch.unique(pos, return_inverse=True)
     m = uniq.numel()
-    count = torch.bincount(inv, minlength=m).double()
-    sum_p = torch.bincount(inv, weights=p, minlength=m)
-    positives = torch.bincount(inv, weights=y, minlength=m)
+    return field_table_from_sums(uniq, torch.bincount(inv, minlength=m).double(),
+                                 torch.bincount(inv, weights=p, minlength=m),
+                                 torch.bincount(inv, weights=y, minlength=m))
+
+
+def field_table_from_sums(values: Tensor, count: Tensor, sum_p: Tensor,
+                          positives: Tensor) -> PositionCalibration:
+    """The per-value table of the values seen (``count > 0``): impressions, predicted clicks,
+    clicks and PCOC (``+inf`` for a value without clicks), from per-value sums ``[V]``."""
+    seen = count > 0
     ratio = torch.where(positives > 0, sum_p / positives.clamp_min(1), torch.inf)
-    return PositionCalibration(uniq, count, sum_p, positives, ratio)
+    return PositionCalibration(values[seen.to(values.device)], count[seen], sum_p[seen],
+                               positives[seen], ratio[seen])
 
 
 def field_ece(
@@ -222,7 +281,7 @@ def field_ece(
     0.3
     """
     r = pcoc_by_position(p, labels, values, mask=mask)
-    return (r.sum_p - r.positives).abs().sum() / r.count.sum().clamp_min(1)
+    return gap_from_sums(r.sum_p, r.positives, r.count)[0]
 
 
 def pcoc_interval(sum_p, positives, alpha: float = 0.05) -> tuple[Tensor, Tensor]:
@@ -269,12 +328,8 @@ def _bin_sums(idx: Tensor, p: Tensor, y: Tensor, bins: int) -> tuple[Tensor, Ten
     return count, torch.bincount(idx, p, minlength=bins), torch.bincount(idx, y, minlength=bins)
 
 
-def _ece_from_sums(sum_p: Tensor, sum_y: Tensor, n: Tensor) -> Tensor:
-    """``sum_b n_b/n |mean_p_b - mean_y_b| = (1/n) sum_b |sum_p_b - sum_y_b|``."""
-    return (sum_p - sum_y).abs().sum() / n
-
-
-def _table_from_sums(count: Tensor, sum_p: Tensor, sum_y: Tensor) -> ReliabilityTable:
+def table_from_sums(count: Tensor, sum_p: Tensor, sum_y: Tensor) -> ReliabilityTable:
+    """The reliability table of per-bin impressions, summed p and positives."""
     safe = count.clamp_min(1)
     nan = torch.full_like(count, float("nan"))
     return ReliabilityTable(count, torch.where(count > 0, sum_p / safe, nan),
@@ -306,8 +361,8 @@ def ece(
     p, y = _flat(p, labels, mask)
     if p.numel() == 0:
         raise ValueError("ece of zero impressions")
-    _, sum_p, sum_y = _bin_sums(bin_index(p, bins, binning), p, y, bins)
-    return _ece_from_sums(sum_p, sum_y, torch.tensor(p.numel(), dtype=torch.float64))
+    count, sum_p, sum_y = _bin_sums(bin_index(p, bins, binning), p, y, bins)
+    return gap_from_sums(sum_p, sum_y, count)[0]
 
 
 def reliability_table(
@@ -326,7 +381,7 @@ def reliability_table(
     """
     _check_binning(bins, binning)
     p, y = _flat(p, labels, mask)
-    return _table_from_sums(*_bin_sums(bin_index(p, bins, binning), p, y, bins))
+    return table_from_sums(*_bin_sums(bin_index(p, bins, binning), p, y, bins))
 
 
 # --- adaptive dyadic fine histograms in logit space (the streaming metrics' states) -------------
@@ -444,20 +499,6 @@ def hist_of(z: Tensor, p: Tensor, y: Tensor, n_bins: int) -> Tensor:
     min_z.index_reduce_(0, idx, z, "amin")
     max_z.index_reduce_(0, idx, z, "amax")
     return out
-
-
-def auc_from_hist(pos: Tensor, neg: Tensor, spread: Tensor | None = None) -> tuple[Tensor, Tensor]:
-    """AUC from per-fine-bin positive / negative counts, pairs inside one bin counted 1/2.
-
-    Returns ``(auc, bound)`` where ``bound = 0.5 * sum_h pos_h neg_h / (P N)`` bounds
-    ``|auc - exact AUC|`` (only pairs sharing a fine bin can be mis-ordered); with ``spread``
-    (bool per bin: the bin holds two distinct logits) only those bins count, since a pair tied
-    exactly is counted 1/2 by the exact AUC too.
-    """
-    below = neg.cumsum(0) - neg
-    pairs = pos.sum() * neg.sum()
-    inside = pos * neg if spread is None else pos * neg * spread
-    return (pos * (below + 0.5 * neg)).sum() / pairs, 0.5 * inside.sum() / pairs
 
 
 def quantile_sums_from_hist(

@@ -1,7 +1,9 @@
-"""``ListMetrics``: the streaming (torchmetrics) shell over the ranking and calibration metrics.
+"""``ListMetrics``: the streaming (torchmetrics) shell of the metric engine.
 
-States are float64 sums (``dist_reduce_fx="sum"``) plus one exactly mergeable logit histogram,
-so DDP sync is exact and memory does not grow with the data.
+Every batch goes through the per-request kernel of :mod:`hybridrank.metrics.request_stats` with all
+requests in one group: the states are the totals of the per-request columns (one packed float64
+sum, ``dist_reduce_fx="sum"``) plus one exactly mergeable logit histogram, so DDP sync is exact and
+memory does not grow with the data; ``compute`` applies the engine's statistics to those totals.
 """
 
 from __future__ import annotations
@@ -13,46 +15,45 @@ import torch
 from torch import Tensor
 from torchmetrics import Metric
 
-from hybridrank._dcg import tie_blocks
 from hybridrank.metrics.calibration import (
     PositionCalibration,
     ReliabilityTable,
-    _bce_sum,
-    _binary_entropy,
     _check_binning,
-    _ece_from_sums,
-    _table_from_sums,
-    auc_from_hist,
     bin_index,
+    field_table_from_sums,
     hist_empty,
     hist_merge,
     hist_of,
     hist_parts,
     hist_reduce,
     quantile_sums_from_hist,
+    table_from_sums,
 )
-from hybridrank.metrics.ranking import (
-    K,
-    _ap_rr_blocks,
-    _apply_empty,
-    _auc_blocks,
-    _check_lists,
-    _check_options,
-    _dtype,
-    _ndcg_blocks,
-    _resolve_ks,
+from hybridrank.metrics.ranking import K, _check_options, _resolve_ks
+from hybridrank.metrics.request_stats import (
+    RANKING,
+    impression_sums,
+    metric_statistics,
+    ranking_sums,
 )
 
 __all__ = ["ListMetrics"]
 
+
 class ListMetrics(Metric):
     """Streaming ranking + calibration metrics over whole lists, with sum states only.
 
-    Every state is a float64 sum with ``dist_reduce_fx="sum"`` except the fine logit histogram,
-    whose exact merge is its own reduction, so DDP sync is exact and memory is flat in the data
-    size. Each ``update`` must receive whole lists. ``ndcg@k``, ``map``, ``mrr``, ``gauc``,
-    ``logloss``, ``ne``, ``pcoc``, uniform-bin ``ece`` and ``pcoc@pos{i}`` equal the pure functions
-    up to float rounding. Global ``auc`` and quantile-bin ``ece`` come from an adaptive histogram of
+    The states are the totals of the per-request columns of
+    :mod:`hybridrank.metrics.request_stats` (one packed float64 sum with ``dist_reduce_fx="sum"``)
+    and a fine logit histogram, whose exact merge is its own reduction, so DDP sync is exact and
+    memory is flat in the data size; ``compute`` applies the engine's statistics (the same formulas
+    as the pure functions and :class:`~hybridrank.metrics.request_stats.RequestStats`). Each
+    ``update`` must receive whole lists. ``ndcg@k``, ``map``, ``mrr``, ``gauc``, ``logloss``,
+    ``ne``, ``pcoc``, ``ctr``, uniform-bin ``ece``, ``pcoc@pos{i}`` and the F-ECEs equal the pure
+    functions up to float rounding. This is the training-time (validation) path: the final figures
+    of a run (``hybridrank-train``'s table and ``metrics.json``, ``hybridrank-eval``) come from
+    :class:`~hybridrank.metrics.request_stats.RequestStats` of the whole split, exact for every
+    metric. Global ``auc`` and quantile-bin ``ece`` come from an adaptive histogram of
     ``hist_bins`` equal-width logit bins (count, sum p, positives per bin) whose width is the
     smallest power of two at which every logit seen so far fits (bins re-merge exactly when later
     logits widen the range, so the bins always span the data, wherever the scale puts it; logits
@@ -82,8 +83,8 @@ class ListMetrics(Metric):
     ``p = sigmoid(logits)``; ``fields`` maps every configured field to its ``[G, L]`` codes.
 
     ``compute()`` returns float64 scalars: ``ndcg@k`` per k, ``map``, ``mrr``, ``auc``, ``gauc``,
-    ``logloss``, ``ne``, ``ece``, ``pcoc``, ``pcoc@pos{i}``, ``f_ece@position`` (over positions
-    1..P), ``f_ece@{field}``, and the counts ``n_lists`` (lists with
+    ``logloss``, ``ne``, ``ece``, ``pcoc``, ``ctr``, ``pcoc@pos{i}``, ``f_ece@position`` (over
+    positions 1..P), ``f_ece@{field}``, and the counts ``n_lists`` (lists with
     an impression), ``n_empty`` (of those, without a positive), ``n_skipped`` (left out of
     ndcg/map/mrr: ``n_empty`` under ``"skip"``, else 0), ``n_impressions``, ``n_positives``. A value
     that is undefined (AUC or NE with one class, GAUC without a two-class list, PCOC without a
@@ -110,25 +111,11 @@ class ListMetrics(Metric):
         self.ks, _ = _resolve_ks(tuple(ks))
         _check_options(empty=empty, gain=gain, ties=ties)
         _check_binning(bins, binning)
-        self.gain, self.empty, self.bins, self.binning = gain, empty, bins, binning
+        self.gain, self.empty, self.ties, self.bins, self.binning = gain, empty, ties, bins, binning
         self.n_positions = 10 if positions is True else int(positions)
         if not isinstance(hist_bins, int) or hist_bins < 2:
             raise ValueError(f"hist_bins must be an int >= 2, got {hist_bins!r}")
         self.hist_bins, self.auc_tolerance = hist_bins, float(auc_tolerance)
-
-        def add(name: str, size: int = 0) -> None:
-            shape = (size,) if size else ()
-            self.add_state(name, torch.zeros(shape, dtype=torch.float64), dist_reduce_fx="sum")
-
-        add("ndcg_sum", len(self.ks))
-        for name in ("ap_sum", "rr_sum", "n_lists", "n_empty", "gauc_sum", "gauc_weight",
-                     "logloss_sum", "n_impressions"):
-            add(name)
-        self.add_state("hist", hist_empty(hist_bins), dist_reduce_fx=hist_reduce)
-        for name in ("ubin_count", "ubin_sum_p", "ubin_pos"):
-            add(name, bins)
-        for name in ("pos_count", "pos_sum_p", "pos_pos"):
-            add(name, max(self.n_positions, 1))
         self.fields: dict[str, int] = {}
         for name, size in (fields or {}).items():
             if not isinstance(name, str) or not name or isinstance(size, bool) or not (
@@ -136,64 +123,61 @@ class ListMetrics(Metric):
                 raise ValueError(f"fields must map field names to their number of values (an "
                                  f"int >= 1), got {name!r}: {size!r}")
             self.fields[name] = size
-            for part in ("count", "sum_p", "pos"):
-                add(f"field{len(self.fields) - 1}_{part}", size)
+        self.statistics = metric_statistics(ks=self.ks, empty=empty, auc=True,
+                                            n_positions=self.n_positions, fields=list(self.fields))
+        # the layout of the packed sums: the kernel's columns on an empty batch
+        z = torch.zeros(0, 0)
+        none = torch.zeros(0, dtype=torch.float64)
+        empty_sums = self._sums(z, z, z > 0, torch.zeros(0, dtype=torch.long), none, none, {})
+        self._layout = {name: tuple(c.shape[1:]) for name, c in empty_sums.items()}
+        size = sum(c.numel() for c in empty_sums.values())
+        self.add_state("sums", torch.zeros(size, dtype=torch.float64), dist_reduce_fx="sum")
+        self.add_state("hist", hist_empty(hist_bins), dist_reduce_fx=hist_reduce)
+
+    def _sums(self, logits: Tensor, labels: Tensor, mask: Tensor, position: Tensor | None,
+              p: Tensor, y: Tensor, codes: Mapping[str, Tensor]) -> dict[str, Tensor]:
+        """The column totals of a batch: the engine's kernel, every list in group 0 (``p``, ``y``:
+        the probabilities and binary labels of the real impressions, ``[n]``)."""
+        group = torch.zeros(mask.shape[0], dtype=torch.long, device=mask.device)
+        out = ranking_sums(logits, labels, mask, ks=self.ks, gain=self.gain, empty=self.empty,
+                           ties=self.ties, include=RANKING, group=group, n_groups=1)
+        row = torch.zeros(y.numel(), dtype=torch.long, device=mask.device)
+        if position is None:  # position 0 counts nowhere: the columns keep their layout
+            position = row
+        out.update(impression_sums(
+            p, y, row, 1, bins=self.bins,
+            bin_idx=bin_index(p, self.bins, "uniform") if self.binning == "uniform" else None,
+            position=position, n_positions=self.n_positions,
+            fields={n: (codes.get(n, row), size) for n, size in self.fields.items()}, dense=True))
+        return out
 
     def update(self, logits: Tensor, labels: Tensor, mask: Tensor,
                positions: Tensor | None = None, fields: Mapping[str, Tensor] | None = None) -> None:
         """Add whole lists: ``logits``, ``labels``, ``mask``, int ``positions``, all ``[G, L]``,
         and ``fields``, ``{name: [G, L] int codes}`` for every configured field."""
-        logits = logits.detach()
-        _check_lists(logits, labels, mask)
-        blocks = tie_blocks(logits, mask)
-        dt = _dtype(logits, labels)
-        nd, has_pos = _ndcg_blocks(blocks, labels, mask, self.ks, self.gain, dt)
-        ap, rr, _ = _ap_rr_blocks(blocks, labels, mask, dt)
-        nd, valid = _apply_empty(nd, has_pos, mask, self.empty)
-        ap, _ = _apply_empty(ap, has_pos, mask, self.empty)
-        rr, _ = _apply_empty(rr, has_pos, mask, self.empty)
-        v = valid.double()
-        self.ndcg_sum += (nd.double() * v[:, None]).sum(0)
-        self.ap_sum += (ap.double() * v).sum()
-        self.rr_sum += (rr.double() * v).sum()
-        nonempty = mask.any(1)
-        self.n_lists += nonempty.sum()
-        self.n_empty += (nonempty & ~has_pos).sum()
-        g_auc, g_ok = _auc_blocks(blocks, labels, mask)
-        w = mask.sum(1).double() * g_ok
-        self.gauc_sum += (g_auc * w).sum()
-        self.gauc_weight += w.sum()
-
-        z = logits[mask].double()
-        p = torch.sigmoid(z)
-        y = (labels[mask] > 0).double()
-        self.logloss_sum += _bce_sum(p, y)
-        self.n_impressions += p.numel()
-        self.hist = hist_merge(self.hist, hist_of(z, p, y, self.hist_bins))
-        u = bin_index(p, self.bins, "uniform")
-        self.ubin_count += torch.bincount(u, minlength=self.bins)
-        self.ubin_sum_p += torch.bincount(u, p, minlength=self.bins)
-        self.ubin_pos += torch.bincount(u, y, minlength=self.bins)
+        logits = logits.detach()  # the kernel checks the lists (ranking_sums)
+        position = None
         if positions is not None and self.n_positions:
             if positions.shape != mask.shape:
                 raise ValueError("positions must have the [G, L] shape of mask")
-            pos = positions[mask].long() - 1
-            keep = (pos >= 0) & (pos < self.n_positions)
-            pos, pk, yk = pos[keep], p[keep], y[keep]
-            self.pos_count += torch.bincount(pos, minlength=self.n_positions)
-            self.pos_sum_p += torch.bincount(pos, pk, minlength=self.n_positions)
-            self.pos_pos += torch.bincount(pos, yk, minlength=self.n_positions)
-        if self.fields:
-            self._update_fields(fields, mask, p, y)
+            position = positions[mask]
+        codes = self._field_codes(fields, mask)
+        z = logits[mask].double()
+        p, y = torch.sigmoid(z), (labels[mask] > 0).double()
+        sums = self._sums(logits, labels, mask, position, p, y, codes)
+        self.sums += torch.cat([c.reshape(-1) for c in sums.values()])
+        self.hist = hist_merge(self.hist, hist_of(z, p, y, self.hist_bins))
 
-    def _update_fields(self, fields: Mapping[str, Tensor] | None, mask: Tensor, p: Tensor,
-                       y: Tensor) -> None:
+    def _field_codes(self, fields: Mapping[str, Tensor] | None, mask: Tensor) -> dict[str, Tensor]:
+        if not self.fields:
+            return {}
         given = dict(fields or {})
         missing = [f for f in self.fields if f not in given]
         if missing:
             raise ValueError(f"ListMetrics was built with fields {list(self.fields)}: update needs "
                              f"their [G, L] codes, missing {missing}")
-        for i, (name, size) in enumerate(self.fields.items()):
+        out = {}
+        for name, size in self.fields.items():
             codes = given[name]
             if codes.shape != mask.shape or codes.is_floating_point():
                 raise ValueError(f"field {name!r}: codes must be an int tensor of shape "
@@ -203,9 +187,24 @@ class ListMetrics(Metric):
                 bad = v[(v < 0) | (v >= size)][0]
                 raise ValueError(f"field {name!r}: code {int(bad)} outside 0..{size - 1} (the "
                                  f"field was configured with {size} values)")
-            getattr(self, f"field{i}_count").add_(torch.bincount(v, minlength=size))
-            getattr(self, f"field{i}_sum_p").add_(torch.bincount(v, p, minlength=size))
-            getattr(self, f"field{i}_pos").add_(torch.bincount(v, y, minlength=size))
+            out[name] = v
+        return out
+
+    def totals(self) -> dict[str, Tensor]:
+        """The column totals seen so far, each with a leading replicate dimension of 1, plus the
+        histogram's: ``auc:pos`` / ``auc:neg`` per fine logit bin and, for quantile bins,
+        ``ece:n|p|y`` (:func:`~hybridrank.metrics.calibration.quantile_sums_from_hist`)."""
+        out, j = {}, 0
+        for name, shape in self._layout.items():
+            m = 1 if not shape else shape[0]
+            out[name] = self.sums[j:j + m].reshape(1, *shape)
+            j += m
+        _, _, cnt, sum_p, pos, _, _ = hist_parts(self.hist)
+        out["auc:pos"], out["auc:neg"] = pos[None], (cnt - pos)[None]
+        if self.binning == "quantile":
+            q = quantile_sums_from_hist(cnt, sum_p, pos, self.bins)
+            out.update({"ece:n": q[0][None], "ece:p": q[1][None], "ece:y": q[2][None]})
+        return out
 
     def field_table(self, name: str) -> PositionCalibration:
         """Per-value calibration of a configured field (``"position"`` for the display positions):
@@ -215,16 +214,12 @@ class ListMetrics(Metric):
             if not self.n_positions:
                 raise ValueError("field_table('position') needs ListMetrics(positions=P)")
             value = torch.arange(1, self.n_positions + 1)
-            count, sum_p, pos = self.pos_count, self.pos_sum_p, self.pos_pos
         elif name in self.fields:
-            i = list(self.fields).index(name)
             value = torch.arange(self.fields[name])
-            count, sum_p, pos = (getattr(self, f"field{i}_{part}") for part in ("count", "sum_p", "pos"))
         else:
             raise ValueError(f"unknown field {name!r}: configured {list(self.fields)}")
-        seen = count > 0
-        ratio = torch.where(pos > 0, sum_p / pos.clamp_min(1), torch.inf)
-        return PositionCalibration(value[seen.cpu()], count[seen], sum_p[seen], pos[seen], ratio[seen])
+        t = self.totals()
+        return field_table_from_sums(value, *(t[f"field:{name}:{part}"][0] for part in ("n", "p", "y")))
 
     @property
     def hist_count(self) -> Tensor:
@@ -248,61 +243,31 @@ class ListMetrics(Metric):
 
     def auc_bound(self) -> Tensor:
         """Upper bound on ``|streaming auc - exact auc|``: half the share of positive-negative
-        pairs that share a fine bin holding two distinct logits."""
+        pairs that share a fine bin holding two distinct logits (only those can be mis-ordered;
+        a pair tied exactly is counted 1/2 by the exact AUC too)."""
         _, _, cnt, _, pos, lo, hi = hist_parts(self.hist)
-        return auc_from_hist(pos, cnt - pos, hi > lo)[1]
-
-    def _bin_sums(self) -> tuple[Tensor, Tensor, Tensor]:
-        if self.binning == "uniform":
-            return self.ubin_count, self.ubin_sum_p, self.ubin_pos
-        return quantile_sums_from_hist(self.hist_count, self.hist_sum_p, self.hist_pos, self.bins)
+        inside = pos * (cnt - pos) * (hi > lo)
+        pairs = pos.sum() * (cnt - pos).sum()
+        return 0.5 * inside.sum() / pairs.clamp_min(1)
 
     def reliability(self) -> ReliabilityTable:
         """The reliability table of everything seen so far (the configured binning)."""
-        return _table_from_sums(*self._bin_sums())
+        t = self.totals()
+        return table_from_sums(t["ece:n"][0], t["ece:p"][0], t["ece:y"][0])
 
     def compute(self) -> dict[str, Tensor]:
+        t = self.totals()
         out: dict[str, Tensor] = {}
-        n_empty = self.n_empty
-        n_skipped = n_empty if self.empty == "skip" else torch.zeros_like(n_empty)
-        n_valid = self.n_lists - n_skipped
-        if float(n_valid) > 0:
-            for k, s in zip(self.ks, self.ndcg_sum / n_valid):
-                out["ndcg" if k is None else f"ndcg@{k}"] = s
-            out["map"] = self.ap_sum / n_valid
-            out["mrr"] = self.rr_sum / n_valid
-        n_pos, n = self.hist_pos.sum(), self.n_impressions
-        if 0 < float(n_pos) < float(n):
-            _, _, cnt, _, pos, lo, hi = hist_parts(self.hist)
-            value, bound = auc_from_hist(pos, cnt - pos, hi > lo)
-            out["auc"] = value
-            if float(bound) > self.auc_tolerance:
-                warnings.warn(
-                    f"ListMetrics: the streaming AUC is only known to within ±{float(bound):.1e} "
-                    f"(> auc_tolerance={self.auc_tolerance:g}): many impressions share a fine "
-                    f"logit bin of width {self.hist_width:.3g} (logits tied, or a few far-out "
-                    f"logits stretch the range over hist_bins={self.hist_bins}); use "
-                    "hybridrank.metrics.ranking.auc on the logits for the exact value", stacklevel=2)
-        if float(self.gauc_weight) > 0:
-            out["gauc"] = self.gauc_sum / self.gauc_weight
-        if float(n) > 0:
-            out["logloss"] = self.logloss_sum / n
-            if 0 < float(n_pos) < float(n):
-                out["ne"] = out["logloss"] / _binary_entropy(n_pos / n)
-            _, sum_p, sum_y = self._bin_sums()
-            out["ece"] = _ece_from_sums(sum_p, sum_y, n)
-        if float(n_pos) > 0:
-            out["pcoc"] = self.hist_sum_p.sum() / n_pos
-        for i in range(self.n_positions):
-            if float(self.pos_pos[i]) > 0:
-                out[f"pcoc@pos{i + 1}"] = self.pos_sum_p[i] / self.pos_pos[i]
-        if self.n_positions and float(self.pos_count.sum()) > 0:
-            out["f_ece@position"] = _ece_from_sums(self.pos_sum_p, self.pos_pos, self.pos_count.sum())
-        for i, name in enumerate(self.fields):
-            count = getattr(self, f"field{i}_count").sum()
-            if float(count) > 0:
-                out[f"f_ece@{name}"] = _ece_from_sums(getattr(self, f"field{i}_sum_p"),
-                                                     getattr(self, f"field{i}_pos"), count)
-        out.update(n_lists=self.n_lists, n_empty=n_empty, n_skipped=n_skipped,
-                   n_impressions=n, n_positives=n_pos)
+        for name, stat in self.statistics.items():
+            value, ok = stat.fn(t)
+            if bool(ok[0]):
+                out[name] = value[0]
+        bound = self.auc_bound()
+        if "auc" in out and float(bound) > self.auc_tolerance:
+            warnings.warn(
+                f"ListMetrics: the streaming AUC is only known to within ±{float(bound):.1e} "
+                f"(> auc_tolerance={self.auc_tolerance:g}): many impressions share a fine "
+                f"logit bin of width {self.hist_width:.3g} (logits tied, or a few far-out "
+                f"logits stretch the range over hist_bins={self.hist_bins}); use "
+                "hybridrank.metrics.ranking.auc on the logits for the exact value", stacklevel=2)
         return out

@@ -38,7 +38,7 @@ from hybridrank._dcg import block_means, gains, ideal_dcg, position_discounts, t
 
 __all__ = [
     "ndcg", "ndcg_per_list", "mean_average_precision", "average_precision_per_list", "mrr",
-    "reciprocal_rank_per_list", "auc", "auc_per_list", "gauc",
+    "reciprocal_rank_per_list", "auc", "auc_per_list", "auc_from_counts", "gauc",
 ]
 
 _EMPTY = ("skip", "zero", "one")
@@ -279,10 +279,41 @@ def auc_per_list(scores: Tensor, labels: Tensor, mask: Tensor) -> tuple[Tensor, 
     return _auc_blocks(tie_blocks(scores, mask), labels, mask)
 
 
+def auc_from_counts(pos: Tensor, neg: Tensor) -> tuple[Tensor, Tensor]:
+    """Global AUC from positives and negatives per score bucket, buckets in ascending score order.
+
+    ``AUC = sum_b pos_b (neg_{<b} + neg_b / 2) / (P N)``: a pair in one bucket counts 1/2. With one
+    bucket per distinct score this is the exact AUC (ties counted 1/2); :func:`auc`, the per-request
+    statistics and the streaming histogram of :class:`~hybridrank.metrics.list_metrics.ListMetrics`
+    all use it. Vectorised over leading dimensions (buckets last).
+
+    Returns:
+        ``(auc, defined)``, defined where both classes occur.
+
+    >>> auc_from_counts(torch.tensor([0., 1., 1.]), torch.tensor([1., 1., 0.]))[0].item()
+    0.875
+    """
+    below = neg.cumsum(-1) - neg
+    pairs = pos.sum(-1) * neg.sum(-1)
+    ok = pairs > 0
+    wins = (pos * (below + 0.5 * neg)).sum(-1)
+    return torch.where(ok, wins / torch.where(ok, pairs, torch.ones_like(pairs)),
+                       torch.zeros_like(wins)), ok
+
+
+def score_buckets(scores: Tensor) -> tuple[Tensor, int]:
+    """``(bucket [n], n_buckets)``: the rank of each flat score among the distinct scores,
+    ascending (tied scores share a bucket), for :func:`auc_from_counts`."""
+    s = scores if scores.is_floating_point() else scores.double()
+    uniq, inv = torch.unique(s, return_inverse=True)
+    return inv.reshape(-1), int(uniq.numel())
+
+
 def auc(scores: Tensor, labels: Tensor, mask: Tensor | None = None) -> Tensor:
     """Global ROC AUC over all real impressions (binary ``label > 0``, ties counted 1/2).
 
-    ``AUC = (1 / (P N)) sum_{i pos, j neg} [s_i > s_j] + [s_i = s_j] / 2``.
+    ``AUC = (1 / (P N)) sum_{i pos, j neg} [s_i > s_j] + [s_i = s_j] / 2``, computed by
+    :func:`auc_from_counts` over the distinct scores.
 
     Args:
         scores, labels: any one shape, e.g. ``[G, L]`` or flat ``[N]``. mask: optional bool.
@@ -297,10 +328,14 @@ def auc(scores: Tensor, labels: Tensor, mask: Tensor | None = None) -> Tensor:
     if scores.shape != labels.shape or scores.shape != mask.shape:
         raise ValueError("scores, labels and mask must share one shape")
     s, y = scores[mask].reshape(1, -1), labels[mask].reshape(1, -1)
-    value, valid = auc_per_list(s, y, torch.ones_like(s, dtype=torch.bool))
-    if not bool(valid[0]):
+    _check_lists(s, y, torch.ones_like(s, dtype=torch.bool))
+    bucket, n_buckets = score_buckets(s)
+    rel = (y.reshape(-1) > 0).double()
+    value, ok = auc_from_counts(torch.bincount(bucket, rel, minlength=n_buckets),
+                                torch.bincount(bucket, 1 - rel, minlength=n_buckets))
+    if not bool(ok):
         raise ValueError("AUC undefined: only one class")
-    return value[0]
+    return value
 
 
 def gauc(scores: Tensor, labels: Tensor, mask: Tensor) -> Tensor:

@@ -1,7 +1,9 @@
 """Calibration reports: numbers (JSON) and figures (PNG) before and after a calibrator.
 
-:func:`calibration_summary` gathers, for one set of predictions, the log loss, ECE, PCOC, the
-reliability table (quantile bins, CONVENTIONS.md §2) and PCOC by position. :func:`write_report`
+:func:`stats_summary` gathers, from the per-request statistics of one set of predictions
+(:mod:`hybridrank.metrics.request_stats`, the engine the intervals of a report resample too), the
+log loss, ECE, PCOC, the reliability table (quantile bins, CONVENTIONS.md §2), PCOC by position and
+by field value; :func:`calibration_summary` does the same for flat predictions. :func:`write_report`
 writes several summaries (e.g. ``{"before": ..., "after": ...}``) as ``calibration.json``,
 ``reliability.png`` (mean predicted vs observed rate per bin, with counts, diagonal drawn),
 ``pcoc_by_position.png`` and, per calibration field, ``field_calibration_{field}.png`` (PCOC per
@@ -21,17 +23,10 @@ from typing import Any
 import torch
 
 from hybridrank.atomic import atomic_path, write_json
-from hybridrank.metrics.calibration import (
-    ece,
-    field_ece,
-    log_loss,
-    pcoc,
-    pcoc_by_position,
-    pcoc_interval,
-    reliability_table,
-)
+from hybridrank.metrics.calibration import PositionCalibration, pcoc_interval
+from hybridrank.metrics.request_stats import RequestStats, flat_stats
 
-__all__ = ["calibration_summary", "plot_reliability", "plot_pcoc_by_position",
+__all__ = ["calibration_summary", "stats_summary", "plot_reliability", "plot_pcoc_by_position",
            "plot_field_calibration", "write_report"]
 
 MAX_PLOTTED_VALUES = 30
@@ -43,65 +38,89 @@ def _num(x) -> float | None:
     return v if math.isfinite(v) else None
 
 
-def _by_value(p: torch.Tensor, y: torch.Tensor, values: torch.Tensor, alpha: float) -> dict[str, Any]:
-    r = pcoc_by_position(p, y, values)
+def _by_value(r: PositionCalibration, f_ece: float | None, alpha: float) -> dict[str, Any]:
     lower, upper = pcoc_interval(r.sum_p, r.positives, alpha)
     return {"value": r.position.tolist(), "count": r.count.long().tolist(),
             "positives": r.positives.long().tolist(), "mean_p": (r.sum_p / r.count).tolist(),
             "pcoc": [_num(v) for v in r.pcoc.tolist()],
             "pcoc_lower": [_num(v) for v in lower.tolist()],
             "pcoc_upper": [_num(v) for v in upper.tolist()],
-            "f_ece": float(field_ece(p, y, values))}
+            "f_ece": f_ece}
 
 
-def calibration_summary(p, labels, positions=None, *, bins: int = 15, binning: str = "quantile",
-                        fields: Mapping[str, Any] | None = None,
-                        field_labels: Mapping[str, Any] | None = None,
-                        alpha: float = 0.05) -> dict[str, Any]:
-    """Calibration numbers of predicted probabilities ``p`` against click labels.
+def stats_summary(stats: RequestStats, *, field_labels: Mapping[str, Any] | None = None,
+                  alpha: float = 0.05) -> dict[str, Any]:
+    """Calibration numbers of one set of predictions from its per-request statistics.
+
+    Every number is the engine's point estimate (or per-cell totals) of ``stats``, so a report's
+    figures and its bootstrap intervals rest on the same statistics.
 
     Args:
-        p: ``[N]`` probabilities. labels: ``[N]`` (clicks are ``label > 0``).
-        positions: ``[N]`` display positions, or None.
-        bins, binning: ECE / reliability bins (default 15 quantile bins).
-        fields: ``{name: [N] int codes}`` of fields to calibrate by (category, device, ...).
+        stats: with calibration columns (:func:`~hybridrank.metrics.request_stats.flat_stats`);
+            positions and fields give the per-value tables.
         field_labels: ``{name: callable code -> str}`` naming the codes in the output.
         alpha: per-value PCOC intervals are exact ``1 - alpha`` Poisson intervals on the clicks
             (:func:`~hybridrank.metrics.calibration.pcoc_interval`).
 
     Returns:
         JSON-able dict: ``n``, ``positives``, ``logloss``, ``ece``, ``pcoc`` (None if no click),
-        ``reliability`` (lists ``count``, ``mean_p``, ``mean_y`` per bin; empty bins dropped),
-        ``pcoc_by_position`` (lists ``position``, ``count``, ``positives``, ``mean_p``, ``pcoc``,
-        ``pcoc_lower``, ``pcoc_upper``, None where a position has no click, and the field-level
-        ECE ``f_ece`` over positions) when positions are given, and ``fields``: per field the same
-        lists keyed ``value`` (plus ``label``) and its ``f_ece``.
+        ``bins``, ``binning``, ``reliability`` (lists ``count``, ``mean_p``, ``mean_y`` per bin;
+        empty bins dropped), ``pcoc_by_position`` (lists ``position``, ``count``, ``positives``,
+        ``mean_p``, ``pcoc``, ``pcoc_lower``, ``pcoc_upper``, None where a position has no click,
+        and the field-level ECE ``f_ece`` over the positions 1..P of the conventions) when the
+        statistics have positions, and ``fields``: per field the same lists keyed ``value`` (plus
+        ``label``) and its ``f_ece``.
     """
-    p = torch.as_tensor(p).reshape(-1).double()
-    y = torch.as_tensor(labels).reshape(-1).double()
+    pt = stats.point()
+    if not pt.get("n_impressions"):
+        raise ValueError("a calibration summary needs statistics with calibration columns and at "
+                         "least one impression")
     out: dict[str, Any] = {
-        "n": int(p.numel()),
-        "positives": int((y > 0).sum()),
-        "logloss": float(log_loss(p, y)),
-        "ece": float(ece(p, y, bins=bins, binning=binning)),
-        "pcoc": float(pcoc(p, y)) if bool((y > 0).any()) else None,
-        "bins": bins, "binning": binning,
+        "n": int(pt["n_impressions"]), "positives": int(pt["n_positives"]),
+        "logloss": pt["logloss"], "ece": pt["ece"], "pcoc": pt["pcoc"],
+        "bins": stats.conventions.get("bins"), "binning": stats.conventions.get("binning"),
     }
-    t = reliability_table(p, y, bins, binning)
+    t = stats.reliability()
     keep = t.count > 0
     out["reliability"] = {"count": t.count[keep].long().tolist(), "mean_p": t.mean_p[keep].tolist(),
                           "mean_y": t.mean_y[keep].tolist()}
-    if positions is not None:
-        r = _by_value(p, y, torch.as_tensor(positions).reshape(-1), alpha)
+    if "position" in stats.values:
+        r = _by_value(stats.field_table("position"), pt.get("f_ece@position"), alpha)
         out["pcoc_by_position"] = {"position": r.pop("value"), **r}
-    if fields:
+    names = [n for n in stats.values if n != "position"]
+    if names:
         out["fields"] = {}
-        for name, codes in fields.items():
-            r = _by_value(p, y, torch.as_tensor(codes).reshape(-1), alpha)
+        for name in names:
+            r = _by_value(stats.field_table(name), pt.get(f"f_ece@{name}"), alpha)
             label = (field_labels or {}).get(name) or str
             out["fields"][name] = {"value": r["value"], "label": [str(label(v)) for v in r["value"]],
                                    **{k: v for k, v in r.items() if k != "value"}}
     return out
+
+
+def calibration_summary(p, labels, positions=None, *, bins: int = 15, binning: str = "quantile",
+                        fields: Mapping[str, Any] | None = None,
+                        field_labels: Mapping[str, Any] | None = None,
+                        alpha: float = 0.05) -> dict[str, Any]:
+    """:func:`stats_summary` of flat predictions (calibration needs no request structure).
+
+    Args:
+        p: ``[N]`` probabilities. labels: ``[N]`` (clicks are ``label > 0``).
+        positions: ``[N]`` 1-based display positions, or None (the table covers 1..max).
+        bins, binning: ECE / reliability bins (default 15 quantile bins).
+        fields: ``{name: [N] int codes}`` of fields to calibrate by (category, device, ...).
+        field_labels, alpha: as :func:`stats_summary`.
+    """
+    p = torch.as_tensor(p).reshape(-1).double()
+    y = torch.as_tensor(labels).reshape(-1).double()
+    if p.numel() == 0:
+        raise ValueError("calibration_summary of zero impressions")
+    pos = None if positions is None else torch.as_tensor(positions).reshape(-1)
+    stats = flat_stats(p, y, torch.tensor([p.numel()]), p=p, position=pos,
+                       positions=0 if pos is None else max(int(pos.max()), 0),
+                       fields={n: torch.as_tensor(c).reshape(-1) for n, c in (fields or {}).items()},
+                       include=(), auc=False, bins=bins, binning=binning)
+    return stats_summary(stats, field_labels=field_labels, alpha=alpha)
 
 
 def _figure(width: float = 6.0, height: float = 4.5):

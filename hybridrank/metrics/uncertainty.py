@@ -2,10 +2,12 @@
 
 The resampling unit is the **request**: impressions of one request share a user, a context and a
 slate, so they are not independent and resampling impressions would give intervals that are too
-narrow. Every metric is a function of sums of per-request statistics
-(:class:`~hybridrank.metrics.request_stats.RequestStats`, computed once): a replicate draws resample
-counts ``c [R]`` (how often each request is drawn), and the totals ``c @ X`` of a whole block of
-replicates come from **one matrix product**; the metric functions are vectorised over replicates.
+narrow. Every metric is a formula over sums of per-request statistics
+(:class:`~hybridrank.metrics.request_stats.RequestStats`, computed once; the point estimate is the
+formula on the plain sums): a replicate draws resample counts ``c [R]`` (how often each request is
+drawn), and the totals ``c @ X`` of a whole block of replicates come from **one matrix product**;
+the metric formulas are vectorised over replicates. Quantile ECE keeps the full sample's bins in
+every replicate (the definition is in :mod:`hybridrank.metrics.request_stats`).
 
 A replicate where a metric is undefined (no valid list, no positive, a single class) is left out;
 if more than ``alpha / 2`` of the replicates are undefined the interval is reported as not
@@ -43,7 +45,7 @@ __all__ = [
     "Statistic", "RequestStats", "Interval", "PairedResult", "ratio", "ratio_stats",
     "ranking_stats", "calibration_stats", "frame_stats", "request_offsets", "resample_counts",
     "bootstrap_replicates", "bootstrap", "paired_bootstrap", "compare_bootstrap", "check_same_requests",
-    "format_interval", "split_intervals",
+    "format_interval", "interval_table",
 ]
 
 _SCHEMES = ("multinomial", "poisson")
@@ -90,14 +92,13 @@ def _replicates(stats_list: Sequence[RequestStats], names: Sequence[str], n_boot
     names = list(dict.fromkeys(names))  # a repeated name would collect its replicates twice
     acc = [{n: ([], []) for n in names} for _ in stats_list]
     for counts in resample_counts(r, n_boot, seed=seed, scheme=scheme):
-        w = counts.astype(np.float64)
+        w = torch.from_numpy(counts).to(torch.float64)
         for st, out in zip(stats_list, acc):
-            t = st.totals(w)
-            for n in names:
-                v, ok = st.metrics[n].fn(t)
+            for n, (v, ok) in st.values_of(w, names).items():
                 out[n][0].append(v)
                 out[n][1].append(ok)
-    return [{n: (np.concatenate(v), np.concatenate(ok)) for n, (v, ok) in out.items()} for out in acc]
+    return [{n: (torch.cat(v).numpy(), torch.cat(ok).numpy()) for n, (v, ok) in out.items()}
+            for out in acc]
 
 
 def _names(stats: RequestStats, metrics: Sequence[str] | None) -> list[str]:
@@ -324,37 +325,25 @@ def compare_bootstrap(stats: Mapping[str, RequestStats], *, baseline: str | None
               for r in runs if r != base}
     return intervals, paired
 
-def split_intervals(data, rows: Mapping[str, torch.Tensor], *, baseline: str | None = None,
-                    metrics: Sequence[str] = ("ndcg@10", "gauc", "logloss", "ece", "pcoc"),
-                    n_boot: int = 1000, alpha: float = 0.05, seed: int = 0,
-                    fields: Mapping[str, torch.Tensor] | None = None,
-                    **conventions) -> dict[str, Any]:
-    """Bootstrap intervals over the requests of a split for several logits, and paired tests.
+def interval_table(stats: Mapping[str, RequestStats], *, metrics: Sequence[str],
+                   baseline: str | None = None, n_boot: int = 1000, alpha: float = 0.05,
+                   seed: int = 0) -> dict[str, Any]:
+    """Bootstrap intervals of several score sets (rows) on the same requests, and paired tests.
 
     The building block of the report tables (``hybridrank-train``'s result table,
-    ``hybridrank-eval``): every row is a set of flat ``[N]`` logits on the same split
-    (``σ(logit)`` the probability), resampled with the same request counts.
+    ``hybridrank-eval``): every row's statistics are the ones its point estimates come from, and
+    every row is resampled with the same request counts (:func:`compare_bootstrap`).
 
     Args:
-        data: the split (``ListData``); rows: row name -> ``[N]`` logits; baseline: the row the
-            others are compared with (default the first); metrics: which to report (``ndcg@K``,
-            ``gauc``, ``map``, ``mrr``, ``logloss``, ``ne``, ``ece``, ``pcoc``, ``ctr``);
-            conventions: ``gain``, ``empty``, ``ties``, ``bins``, ``binning`` as ListMetrics;
-            fields: ``{name: [N] int codes}`` for ``f_ece@{name}`` metrics.
+        stats: row name -> statistics (e.g. :func:`~hybridrank.metrics.request_stats.split_stats`);
+            baseline: the row the others are compared with (default the first); metrics: which to
+            report (those the first row has).
 
     Returns:
         JSON-able ``{"rows": {row: {metric: [estimate, lower, upper]}}, "paired": {row: {metric:
         {"diff", "lower", "upper", "p_value", "verdict"}}}, "n_requests", "n_positives",
         "n_boot", "alpha", "seed"}``.
     """
-    from hybridrank.metrics.request_stats import split_stats
-
-    ks = tuple(int(m.split("@")[1]) for m in metrics if m.startswith("ndcg@"))
-    include = tuple(m for m in ("ndcg", "map", "mrr", "gauc")
-                    if m in metrics or (m == "ndcg" and ks))
-    conv = {k: v for k, v in conventions.items() if k in ("gain", "empty", "ties", "bins", "binning")}
-    stats = {name: split_stats(data, z, ks=ks or (10,), include=include, fields=fields, **conv)
-             for name, z in rows.items()}
     first = next(iter(stats.values()))
     names = [m for m in metrics if m in first.metrics]
     ivs, paired = compare_bootstrap(stats, baseline=baseline, n_boot=n_boot, alpha=alpha, seed=seed,

@@ -225,7 +225,7 @@ class HybridRanker(pl.LightningModule):
     @property
     def metric_conventions(self) -> dict[str, Any]:
         """The metric conventions (``ks``, ``gain``, ``bins`` ...): the metrics config without its
-        target and fields, as :func:`~hybridrank.metrics.uncertainty.split_intervals` takes them."""
+        target and fields, as :func:`~hybridrank.metrics.request_stats.flat_stats` takes them."""
         return {k: v for k, v in self.metric_config.items()
                 if k not in ("_target_", "_partial_", "fields")}
 
