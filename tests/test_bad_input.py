@@ -5,6 +5,7 @@ policy (docs/ROBUSTNESS.md) — never a silent drop, a NaN metric, another excep
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import math
 import re
@@ -23,6 +24,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from omegaconf import OmegaConf
 
+from hybridrank.data import libsvm
 from hybridrank.data.datamodule import ListDataModule
 from hybridrank.data.libsvm import read_libsvm
 from hybridrank.data.readers import ColumnMap, read_clicklog, validate_frame
@@ -224,22 +226,74 @@ def test_libsvm_truncated_non_utf8_and_empty(tmp_path, text, fragment):
         assert str(e.value).startswith(str(p))
 
 
+@pytest.mark.skipif(sys.platform != "linux", reason="caps the child's data segment (RLIMIT_DATA "
+                    "covers mmap only on Linux) and reads /proc/self/status")
 def test_libsvm_huge_index_without_n_features_is_an_error(tmp_path):
-    """A typo'd index (10^10) must not allocate a 10^10-column matrix (80 GB): a clear error."""
+    """A typo'd index (10^10) must not allocate a 2 x 10^10 matrix (149 GiB): a clear error,
+    raised before anything that size is asked for.
+
+    In a subprocess, so that a regression fails fast instead of taking the machine: it imports only
+    the reader (which needs no torch, asserted), reads a small valid file, then caps its private
+    writable memory (``RLIMIT_DATA``, which an ``np.zeros`` of that size would map) at what it
+    holds then plus 1 GiB. The cap is relative and ignores file-backed and reserved mappings, so it
+    does not depend on how much address space the installed torch or polars build maps (a fixed
+    ``RLIMIT_AS`` did: the CUDA build of torch maps ~3.5 GB at import). tracemalloc, which numpy
+    reports its array buffers to, bounds what was allocated while refusing the file.
+    """
     p = tmp_path / "typo.txt"
     p.write_text("1 qid:1 1:0.5\n0 qid:1 10000000000:1\n")
+    ok = tmp_path / "ok.txt"
+    ok.write_text("1 qid:1 1:0.5 3:1\n0 qid:1 2:1\n")
     code = textwrap.dedent(f"""
-        import resource, sys
-        resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30))  # 4 GiB: fail fast, never swap
+        import json, re, resource, sys, tracemalloc
         from hybridrank.data.libsvm import read_libsvm
+        if "torch" in sys.modules:
+            sys.exit("hybridrank.data.libsvm imported torch: the reader must not need it")
+        warm = read_libsvm({str(ok)!r})  # polars' pools and the reader's code paths, once
+        assert warm.select("f1", "f2", "f3").rows() == [(0.5, 0.0, 1.0), (0.0, 1.0, 0.0)], warm
+        vm_data = int(re.search(r"VmData:\\s+(\\d+) kB", open("/proc/self/status").read()).group(1))
+        cap = vm_data * 1024 + (1 << 30)
+        resource.setrlimit(resource.RLIMIT_DATA, (cap, cap))
+        tracemalloc.start()
         try:
             read_libsvm({str(p)!r})
+            error = None
         except ValueError as e:
-            print("VALUE_ERROR", e)
+            error = str(e)
+        print(json.dumps({{"error": error, "peak": tracemalloc.get_traced_memory()[1]}}))
         """)
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert "VALUE_ERROR" in proc.stdout, proc.stderr[-2000:]
-    assert "typo.txt: line 2" in proc.stdout and "10000000000" in proc.stdout, proc.stdout
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["error"] is not None, "read a file whose dense matrix would be 149 GiB"
+    assert out["error"].startswith(f"{p}: line 2: feature index 10000000000 would make a dense "
+                                   f"matrix of 2 x 10000000000 values (149.0 GiB)"), out
+    assert out["peak"] < 1 << 20, out  # bytes: nothing near the matrix was asked for
+
+
+@pytest.mark.parametrize("width, n_features, refused", [
+    (3, None, False),  # 2 rows x 3 = 6 cells: at the cap
+    (4, None, True),   # 8 cells: over it, refused before allocating
+    (4, 4, False),     # an explicit n_features is the caller's width: not capped
+])
+def test_libsvm_dense_cap_counts_rows_times_largest_index(tmp_path, monkeypatch, width, n_features,
+                                                          refused):
+    """The cap is on rows x largest index (the matrix that would be allocated), checked in-process
+    with a small cap: the boundary, the message, and n_features bypassing it."""
+    monkeypatch.setattr(libsvm, "MAX_DENSE_CELLS", 6)
+    p = tmp_path / "wide.txt"
+    p.write_text(f"1 qid:1 1:0.5\n0 qid:1 {width}:1\n")
+    if refused:
+        with pytest.raises(ValueError, match=re.escape(
+                f"{p}: line 2: feature index {width} would make a dense matrix of 2 x {width} "
+                f"values")):
+            read_libsvm(p, n_features=n_features)
+    else:
+        got = read_libsvm(p, n_features=n_features)
+        dense = got.select([f"f{i}" for i in range(1, width + 1)]).to_numpy()
+        expected = np.zeros((2, width))
+        expected[0, 0], expected[1, width - 1] = 0.5, 1.0
+        np.testing.assert_array_equal(dense, expected)
 
 
 def test_letor_nan_and_out_of_range_label_name_file_and_line(tmp_path):
