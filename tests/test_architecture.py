@@ -78,3 +78,15 @@ def test_imports_point_down(path):
         assert LAYERS[other] < LAYERS[me] or other == me, (
             f"{path.relative_to(PKG)}:{line} imports {name}: layer {other} ({LAYERS[other]}) is not "
             f"below {me} ({LAYERS[me]})")
+
+
+def test_importing_the_package_or_a_reader_does_not_import_torch():
+    """The lazy re-exports keep ``import hybridrank`` (and the readers, score-file tools) cheap:
+    no torch, no Lightning until a model is used."""
+    import subprocess
+    import sys
+
+    code = ("import sys, hybridrank, hybridrank.data, hybridrank.data.libsvm, hybridrank.data.readers, "
+            "hybridrank.data.worlds; print(sorted(m for m in ('torch', 'pytorch_lightning') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", out.stdout + out.stderr
