@@ -62,6 +62,7 @@ import math
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -145,6 +146,12 @@ class PositionBias(nn.Module):
         n_boot: Poisson bootstrap replicates for the offsets' intervals (0: none).
         alpha: the intervals' level is ``1 - alpha``.
         seed: seed of the bootstrap weights (with the training step, so resumes repeat them).
+        max_ipw: cap of the inverse-propensity weights (with a propensity column).
+        monotone: the offsets never rise with the slot (a vertical list of slots: attention falls
+            with the slot): each update is projected on non-increasing sequences (weighted pool
+            adjacent violators). It pools neighbouring slots whose separate estimates are noise,
+            which shrinks the error of slots with few clicks a lot. ``False`` for layouts where
+            a lower slot can draw more attention (grids, carousels).
 
     ``forward(position [B]) -> [B]`` offsets; training calls :meth:`accumulate` per batch and
     :meth:`update` once per epoch (``HybridRanker`` does both).
@@ -155,7 +162,8 @@ class PositionBias(nn.Module):
     """
 
     def __init__(self, max_position: int = 50, reference_position: int = 1, tail: str = "share",
-                 n_boot: int = 100, alpha: float = 0.05, seed: int = 0, max_ipw: float = 100.0):
+                 n_boot: int = 100, alpha: float = 0.05, seed: int = 0, max_ipw: float = 100.0,
+                 monotone: bool = True):
         super().__init__()
         if int(max_position) < 1 or not 1 <= int(reference_position) <= int(max_position):
             raise ValueError(f"reference_position={reference_position} must lie in "
@@ -169,6 +177,7 @@ class PositionBias(nn.Module):
         if not float(max_ipw) >= 1:
             raise ValueError(f"max_ipw must be >= 1, got {max_ipw}")
         self.max_ipw = float(max_ipw)
+        self.monotone = bool(monotone)
         s, k = self.max_position, self.n_boot
         f64 = torch.float64
         self.register_buffer("offset", torch.zeros(s))                   # b_j (float32 for serving)
@@ -297,12 +306,15 @@ class PositionBias(nn.Module):
         fit_sums, fit_boot = (sums_x, boot_x) if identifying else (sums, boot)
         est = (sums_x[2] > 0) if identifying else (seen > 0)
         step = slot_logit_step(*fit_sums)
-        new = old + step - step[ref]
-        new = self._fill_unseen(new, est)
+        raw = old + step - step[ref]
+        # information of each slot's offset (expected clicks x non-clicks over impressions)
+        info = fit_sums[1] * (fit_sums[2] - fit_sums[1]).clamp(min=0) / fit_sums[2].clamp(min=1e-300)
+        new = self._fill_unseen(self._shape(raw, info, est), est)
         if self.n_boot:
             bstep = slot_logit_step(*fit_boot)                                 # [K, S]
-            reps = new + (bstep - step) - (bstep[:, ref:ref + 1] - step[ref])
-            self.boot_offset.copy_(torch.stack([self._fill_unseen(r, est) for r in reps]))
+            reps = raw + (bstep - step) - (bstep[:, ref:ref + 1] - step[ref])
+            self.boot_offset.copy_(torch.stack([self._fill_unseen(self._shape(r, info, est), est)
+                                                for r in reps]))
         if identifying:  # the level is left to the gradient steps on all the data
             step = torch.zeros_like(step)
         self.mode.fill_(int(self.x_kind) if identifying else 0)
@@ -321,6 +333,21 @@ class PositionBias(nn.Module):
         self.updates += 1
         self.last_change.fill_(change)
         return change, float(step[ref])
+
+    def _shape(self, offsets: torch.Tensor, info: torch.Tensor, est: torch.Tensor) -> torch.Tensor:
+        """With ``monotone``: the closest non-increasing sequence over the estimated slots
+        (weighted by each offset's information; pool adjacent violators), re-anchored at the
+        reference slot. Otherwise the offsets as they are."""
+        if not self.monotone or int(est.sum()) < 2:
+            return offsets
+        from scipy.optimize import isotonic_regression
+
+        idx = torch.nonzero(est).reshape(-1)
+        w = info[idx].double().clamp(min=1e-9).numpy()
+        fit = isotonic_regression(offsets[idx].double().numpy(), weights=w, increasing=False).x
+        out = offsets.clone()
+        out[idx] = torch.as_tensor(np.ascontiguousarray(fit), dtype=out.dtype)
+        return out - out[self.reference_position - 1]
 
     @staticmethod
     def _fill_unseen(offsets: torch.Tensor, seen: torch.Tensor) -> torch.Tensor:
@@ -385,7 +412,8 @@ class PositionBias(nn.Module):
         ref = self.reference_position - 1
         return {
             "reference_position": self.reference_position, "max_position": self.max_position,
-            "tail": self.tail, "estimator": "per-slot exact update each epoch (regression-EM step)",
+            "tail": self.tail, "monotone": self.monotone,
+            "estimator": "per-slot exact update each epoch (regression-EM step)",
             "logit_offsets": self.offsets(),
             "lower": [None if not s or j == ref else v for j, (s, v) in enumerate(zip(seen, lo))],
             "upper": [None if not s or j == ref else v for j, (s, v) in enumerate(zip(seen, hi))],
