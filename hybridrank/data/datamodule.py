@@ -3,6 +3,7 @@ Source` and the one batch builder (:class:`~hybridrank.data.sampler.BatchStream`
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -14,6 +15,11 @@ from hybridrank.data.sources import SPLITS, Source, Splits, SplitsSource
 from hybridrank.lists import ListData
 
 __all__ = ["ListDataModule", "ResumableLoader"]
+
+# BatchStream's __len__ is this rank's exact batch count and loader workers build disjoint batches
+# of it, so Lightning's generic warning about an IterableDataset with __len__ does not apply.
+warnings.filterwarnings("ignore", message=r"Your `IterableDataset` has `__len__` defined",
+                        category=UserWarning)
 
 
 class ResumableLoader(DataLoader):
