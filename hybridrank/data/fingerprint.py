@@ -98,8 +98,9 @@ def file_fingerprint(path: str | Path, *, full_hash_bytes: int = FULL_HASH_BYTES
 
 
 def files_fingerprint(files: Sequence[str | Path], **kwargs) -> list[dict[str, Any]]:
-    """:func:`file_fingerprint` of each file, in order."""
-    return [file_fingerprint(f, **kwargs) for f in files]
+    """:func:`file_fingerprint` of each file, in order; a file that does not exist is left out
+    (compared with a stored fingerprint, it is then reported as a missing file)."""
+    return [file_fingerprint(f, **kwargs) for f in files if Path(f).is_file()]
 
 
 def _file_diff(what: str, old: Sequence[Mapping], new: Sequence[Mapping]) -> list[str]:
