@@ -385,9 +385,9 @@ def test_several_chunks_keep_the_split_schema_and_keep_rate_of_the_whole_log(tmp
         assert rows.unique().numel() == rows.numel()  # ... and nothing twice
     # a fixed model, scored chunk by chunk (max_rows honoured) vs whole: the same metrics
     model = HybridRanker(MLPScorer, HybridLoss(point_weight=1.0), data=ma)
-    pieces = list(b.eval_chunks("val", max_rows=300))
+    pieces = list(b.eval_chunks("val", max_rows=100))
     assert len(pieces) > len(list(b.eval_chunks("val")))  # max_rows cuts the chunks further
-    assert all(d.n_impressions <= 300 or d.n_requests == 1 for d in pieces)
+    assert all(d.n_impressions <= 100 or d.n_requests == 1 for d in pieces)
     whole_val = model.evaluate(list(a.eval_chunks("val")))
     chunked_val = model.evaluate(pieces)
     assert chunked_val.keys() == whole_val.keys()

@@ -183,6 +183,8 @@ class ListDataModule(pl.LightningDataModule):
                              reweight_negatives=self.reweight_negatives, shuffle=self.shuffle,
                              seed=self.seed, num_replicas=world, rank=rank)
         stream.set_epoch(epoch)
+        if self.source.one_chunk:
+            len(stream)  # plan the epoch now: packing errors surface before the first batch
         return stream
 
     def train_dataloader(self) -> DataLoader:

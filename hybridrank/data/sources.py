@@ -393,20 +393,23 @@ class Source(abc.ABC):
             parts = self.read_parts(chunk) if len(have) < len(SPLITS) else {}
             for s in SPLITS:
                 _count_split(stats[s], parts.get(s), have.get(s), self.columns)
-            if "train" in have:
-                if on_train is not None and have["train"] is not None:
-                    on_train(have["train"])
-            elif parts["train"].height:
+            requests = have.get("train")
+            if "train" not in have and parts["train"].height:
                 if fit is not None:
                     fit.update(parts["train"])
-                if on_train is not None:
-                    on_train(request_lists(parts["train"], self.columns))
+                if self.one_chunk:  # the only chunk: the fit is complete, and the transform the
+                    if fit is not None:  # epochs use holds the requests (no second ordering)
+                        self._schema, fit = self._finish_fit(fit), None
+                    requests = self.read_chunk(chunk, "train")
+                elif on_train is not None:
+                    requests = request_lists(parts["train"], self.columns)
+            if on_train is not None and requests is not None:
+                on_train(requests)
         if stats["train"]["rows"] == 0:
             raise ValueError(f"{self.name}: no training rows (check the split fractions or the "
                              "files)")
         if fit is not None:
-            self._schema = fit.finish()
-            log.info("%s: schema fitted on %d training rows", self.name, fit.rows)
+            self._schema = self._finish_fit(fit)
         stats["complete"] = complete
         if complete:
             for s in SPLITS:
@@ -419,6 +422,11 @@ class Source(abc.ABC):
         self.train_stats = {"rows": stats["train"]["rows"],
                             "positives": stats["train"]["positives"]}
         return stats
+
+    def _finish_fit(self, fit: SchemaFit) -> Schema:
+        schema = fit.finish()
+        log.info("%s: schema fitted on %d training rows", self.name, fit.rows)
+        return schema
 
     def columns_for_fit(self) -> ColumnMap:
         """The column map the schema is fitted with (after the layout: LETOR's width is read)."""
