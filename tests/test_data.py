@@ -555,8 +555,9 @@ def test_simulator_fingerprint_is_its_parameters_and_split():
     assert fp["kind"] == "simulated"
     assert fp["simulator"] == {**defaults, "n_users": 50, "seed": 1}
     assert fp["split"] == {"by": "time", "val": 0.1, "test": 0.2, "key": "session"}
-    check_fingerprint(fp, SimulatedSource(n_users=50, seed=1).fingerprint())  # the same: no error
-    check_fingerprint(None, fp)  # a checkpoint from before fingerprints: nothing to compare
+    assert check_fingerprint(fp, SimulatedSource(n_users=50, seed=1).fingerprint())  # the same
+    assert not check_fingerprint(None, fp)  # a checkpoint from before fingerprints: nothing to compare
+    assert not check_fingerprint({"kind": "splits in memory"}, fp)  # nor splits given in memory
     with pytest.raises(DataChangedError, match=r"simulator\.n_users changed: 50 -> 51"):
         check_fingerprint(fp, SimulatedSource(n_users=51, seed=1).fingerprint())
     with pytest.raises(DataChangedError, match=r"split\.val changed: 0\.1 -> 0\.2"):

@@ -118,13 +118,12 @@ class Prepared:
             if not isinstance(src, Source):
                 raise ValueError(f"the data config's source must build a hybridrank Source, "
                                  f"got {type(src).__name__}")
-            if self.training_data:
-                stored = self.model.data_info.get("fingerprint")
-                if stored is None:
-                    log.warning("%s records no data fingerprint (trained before they existed): "
-                                "the training data is re-read unchecked", self.checkpoint_path)
-                check_fingerprint(stored, src.fingerprint(),
-                                  where=f"the training data of {self.checkpoint_path}")
+            if self.training_data and not check_fingerprint(
+                    self.model.data_info.get("fingerprint"), src.fingerprint(),
+                    where=f"the training data of {self.checkpoint_path}"):
+                log.warning("%s records no fingerprint of files it was trained on (written before "
+                            "fingerprints, or trained on splits given in memory): the training "
+                            "data is re-read unchecked", self.checkpoint_path)
             self._source = src
         return self._source
 

@@ -31,8 +31,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["FULL_HASH_BYTES", "file_fingerprint", "files_fingerprint", "fingerprint_diff",
-           "check_fingerprint", "DataChangedError"]
+__all__ = ["FULL_HASH_BYTES", "IN_MEMORY", "file_fingerprint", "files_fingerprint",
+           "fingerprint_diff", "check_fingerprint", "DataChangedError"]
 
 #: Files up to this size (and every text file) are hashed whole; larger parquet files get the
 #: cheap footer + edges hash (module docstring).
@@ -162,18 +162,26 @@ def fingerprint_diff(stored: Mapping, current: Mapping) -> list[str]:
     return out
 
 
+#: The fingerprint of splits handed to a data module in memory: nothing says where they came from.
+IN_MEMORY = {"kind": "splits in memory"}
+
+
 def check_fingerprint(stored: Mapping | None, current: Mapping, where: str = "the training data"
-                      ) -> None:
+                      ) -> bool:
     """Raise :class:`DataChangedError` when ``current`` differs from the ``stored`` fingerprint.
 
     Args:
-        stored: the checkpoint's ``data["fingerprint"]`` (None: a checkpoint written before
-            fingerprints; nothing to check, the caller logs it).
+        stored: the checkpoint's ``data["fingerprint"]``.
         current: the source's ``fingerprint()`` now.
         where: what is being re-read, for the message.
+
+    Returns:
+        True when the data was checked and matches; False when there is nothing to check against
+        (a checkpoint written before fingerprints, or one trained on splits given in memory): the
+        caller says so.
     """
-    if stored is None:
-        return
+    if stored is None or dict(stored) == IN_MEMORY:
+        return False
     diff = fingerprint_diff(stored, current)
     if diff:
         raise DataChangedError(
@@ -181,3 +189,4 @@ def check_fingerprint(stored: Mapping | None, current: Mapping, where: str = "th
             + ". Re-reading and re-splitting it would not give the training split (rows could move "
               "between train, val and test). Restore the files, score new files with input=..., "
               "or pass data=<option> to read other data explicitly.")
+    return True

@@ -41,7 +41,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import polars as pl
 
-from hybridrank.data.fingerprint import files_fingerprint
+from hybridrank.data.fingerprint import IN_MEMORY, files_fingerprint
 from hybridrank.data.hashing import stable_hash
 from hybridrank.data.libsvm import read_libsvm
 from hybridrank.data.readers import (
@@ -488,7 +488,7 @@ class SplitsSource(Source):
         raise AssertionError("SplitsSource holds its splits: nothing to read")
 
     def fingerprint(self) -> dict[str, Any]:
-        return {"kind": "splits in memory"}
+        return dict(IN_MEMORY)
 
 
 # ----------------------------------------------------------------------------------------------
