@@ -516,17 +516,17 @@ def test_clicklog_source_end_to_end(tmp_path, small_log):
 # ----------------------------------------------------------------------------------------------
 # Data fingerprints
 # ----------------------------------------------------------------------------------------------
-def _blake2b(path: Path) -> str:
+def _sha256(path: Path) -> str:
     import hashlib
 
-    return "blake2b:" + hashlib.blake2b(path.read_bytes(), digest_size=20).hexdigest()
+    return "sha256:" + hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def test_file_fingerprint_full_and_cheap(tmp_path, small_log):
     p = tmp_path / "log.parquet"
     small_log.write_parquet(p)
     full = file_fingerprint(p)
-    assert full == {"path": str(p), "bytes": p.stat().st_size, "hash": _blake2b(p),
+    assert full == {"path": str(p), "bytes": p.stat().st_size, "hash": _sha256(p),
                     "rows": small_log.height}
     cheap = file_fingerprint(p, full_hash_bytes=0)  # as a parquet file over the threshold
     assert cheap["hash"].startswith("parquet-meta:") and cheap["rows"] == small_log.height
@@ -544,7 +544,7 @@ def test_file_fingerprint_full_and_cheap(tmp_path, small_log):
     csv = tmp_path / "log.csv"
     small_log.write_csv(csv)  # text files are always hashed whole, no row count
     assert file_fingerprint(csv, full_hash_bytes=0) == {"path": str(csv), "bytes": csv.stat().st_size,
-                                                        "hash": _blake2b(csv)}
+                                                        "hash": _sha256(csv)}
 
 
 def test_simulator_fingerprint_is_its_parameters_and_split():
@@ -574,7 +574,7 @@ def test_letor_fingerprint_names_the_split_of_a_changed_file(tmp_path):
         files[name] = write(tmp_path, text, f"{name}.txt")
     fp = LetorSource(files["train"], files["vali"], files["test"], label_max=2).fingerprint()
     assert fp["files"]["test"] == [{"path": str(files["test"]), "bytes": files["test"].stat().st_size,
-                                    "hash": _blake2b(files["test"])}]
+                                    "hash": _sha256(files["test"])}]
     assert fp["split"] == {"val": "file"}
     files["test"].write_text("1 qid:4 1:0.5\n0 qid:4 1:0.2\n")
     now = LetorSource(files["train"], files["vali"], files["test"], label_max=2).fingerprint()
@@ -621,7 +621,7 @@ def test_export_of_a_split_refuses_changed_added_or_missing_training_files(glob_
     assert stored["kind"] == "clicklog" and stored["split"]["by"] == "time"
     assert [f["path"] for f in stored["files"]] == [str(a), str(b)]
     for f, p in zip(stored["files"], (a, b)):
-        assert f["hash"] == _blake2b(p) and f["rows"] == pl.read_parquet(p).height
+        assert f["hash"] == _sha256(p) and f["rows"] == pl.read_parquet(p).height
     before = _export(glob_run, "split=test")["n_rows"]
     assert before > 0
     # a training file changed after training: one click flipped

@@ -7,14 +7,15 @@ A source's ``fingerprint()`` is plain data stored in the checkpoint (``data["fin
 - the simulator: its parameters with the defaults filled in, and the split spec.
 
 **Content hashes.** Files up to :data:`FULL_HASH_BYTES` (256 MiB), and every text file (CSV,
-LibSVM) whatever its size, are hashed whole with BLAKE2b: hashing runs at ~1 GB/s, faster than
-parsing, so it costs less than the read that follows. Larger parquet files get a *cheap* hash
-instead: BLAKE2b of the size, the parquet footer (the file metadata: schema, row groups with
-their byte offsets, sizes and min / max statistics) and the first and last MiB of the file. It
+LibSVM) whatever its size, are hashed whole with SHA-256: hashing runs at ~1.4 GB/s here (CPU SHA
+instructions), faster than parsing, so it costs less than the read that follows. Larger parquet
+files get a *cheap* hash instead: SHA-256 of the size, the parquet footer (the file metadata:
+schema, row groups with their byte offsets, sizes and min / max statistics) and the first and
+last MiB of the file. It
 catches a rewritten, appended, truncated or replaced file (sizes, offsets or statistics move), not
 an in-place edit of a few bytes that leaves every size and statistic unchanged; whole-file hashing
 of multi-GB logs at every export would cost seconds per GB, the same order as re-reading them.
-The method is part of the hash string (``blake2b:`` or ``parquet-meta:``), so a fingerprint is
+The method is part of the hash string (``sha256:`` or ``parquet-meta:``), so a fingerprint is
 only compared with one made the same way.
 
 :func:`check_fingerprint` compares a stored fingerprint with the current one and raises a
@@ -47,18 +48,18 @@ class DataChangedError(ValueError):
 
 
 def _full_hash(path: Path) -> str:
-    h = hashlib.blake2b(digest_size=20)
+    h = hashlib.sha256()
     with open(path, "rb") as f:
         while block := f.read(_BLOCK):
             h.update(block)
-    return "blake2b:" + h.hexdigest()
+    return "sha256:" + h.hexdigest()
 
 
 def _parquet_meta_hash(path: Path, size: int) -> tuple[str, int]:
     """The cheap hash of a large parquet file (size, footer, first and last MiB) and its rows."""
     import pyarrow.parquet as pq
 
-    h = hashlib.blake2b(digest_size=20)
+    h = hashlib.sha256()
     h.update(struct.pack("<q", size))
     with open(path, "rb") as f:
         f.seek(size - 8)
