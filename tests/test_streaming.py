@@ -436,3 +436,15 @@ def test_the_data_module_refuses_what_is_not_a_source():
         ListDataModule(SimulatedSource(n_users=5), splits=SimulatedSource(n_users=5).load())
     with pytest.raises(ValueError, match=r"unknown sampler scope 'sesion'"):
         ListDataModule(SimulatedSource(n_users=5), scope="sesion")
+
+
+def test_the_old_streaming_data_module_name_is_the_one_data_module(small_log):
+    from hybridrank.data.streaming import StreamingDataModule
+
+    src = StreamingClickLogSource(small_log["glob"], SIM_COLUMNS_MAP, chunk_rows=900,
+                                  split={"key": "session"})
+    with pytest.warns(DeprecationWarning, match="use hybridrank.data.datamodule.ListDataModule"):
+        dm = StreamingDataModule(src, budget=512, scope="session", max_unit_size=64)
+    assert type(dm).__mro__[1] is ListDataModule
+    assert dm.model_data() == ListDataModule(src, budget=512, scope="session",
+                                             max_unit_size=64).model_data()
