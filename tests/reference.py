@@ -12,7 +12,9 @@ from __future__ import annotations
 import functools
 import itertools
 import math
+import re
 
+import numpy as np
 import torch
 
 
@@ -317,3 +319,64 @@ def ref_jrc_flat(z, clicks, session, opposite_only=False):
                 and (j == i or not opposite_only or clicks[j] != c)]
         total += _lse([z[j][c] for j in pool]) - z[i][c]
     return total / b
+
+
+# ----------------------------------------------------------------------------------------------
+# LibSVM / LETOR: the documented grammar, line by line
+# ----------------------------------------------------------------------------------------------
+_NUM = re.compile(r"[+-]?(?:(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?|inf(?:inity)?|nan)\Z",
+                  re.IGNORECASE)
+_INT = re.compile(r"[+-]?[0-9]+\Z")
+
+
+class LibsvmRejected(Exception):
+    def __init__(self, line: int | None, why: str):
+        super().__init__(f"line {line}: {why}")
+        self.line = line
+
+
+def ref_libsvm(raw: bytes, n_features: int | None = None) -> dict:
+    """A line-by-line reference of the documented LibSVM grammar (CONVENTIONS: ``label qid:Q i:v``).
+
+    The one LibSVM reference of the tests (the reader's agreement on valid files, its first error
+    line on malformed ones). Returns ``{"label", "qid", "comment", "line", "dense"}`` (``dense``:
+    ``[rows, n_features or the largest index]`` float64), or raises :class:`LibsvmRejected` with
+    the first bad line (``None``: no row at all).
+    """
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise LibsvmRejected(raw.count(b"\n", 0, e.start) + 1, "not UTF-8") from None
+    labels, qids, comments, lines, feats = [], [], [], [], []
+    for no, line in enumerate(text.split("\n"), 1):
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        body, sep, comment = line.partition("#")
+        toks = body.split()
+        if not toks or not _NUM.match(toks[0]):
+            raise LibsvmRejected(no, "bad label")
+        if len(toks) < 2 or not toks[1].startswith("qid:") or len(toks[1]) == 4:
+            raise LibsvmRejected(no, "qid")
+        row = {}
+        for tok in toks[2:]:
+            k, colon, v = tok.partition(":")
+            if not colon or not _INT.match(k) or not _NUM.match(v):
+                raise LibsvmRejected(no, f"feature {tok!r}")
+            i = int(k)
+            if not 1 <= i < 2**63 or (n_features is not None and i > n_features) or i in row:
+                raise LibsvmRejected(no, f"index {tok!r}")
+            row[i] = float(v)
+        labels.append(float(toks[0]))
+        qids.append(toks[1][4:])
+        comments.append(comment.strip() if sep else None)
+        lines.append(no)
+        feats.append(row)
+    if not lines:
+        raise LibsvmRejected(None, "empty file")
+    width = n_features if n_features is not None else max((max(r) for r in feats if r), default=0)
+    dense = np.zeros((len(lines), width))
+    for j, row in enumerate(feats):
+        for i, v in row.items():
+            dense[j, i - 1] = v
+    return {"label": labels, "qid": qids, "comment": comments, "line": lines, "dense": dense}

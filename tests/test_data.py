@@ -13,7 +13,9 @@ import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
+from reference import ref_libsvm
 
+from hybridrank.data.fingerprint import DataChangedError, check_fingerprint, file_fingerprint, fingerprint_diff
 from hybridrank.data.hashing import stable_hash
 from hybridrank.data.libsvm import read_libsvm
 from hybridrank.data.readers import ColumnMap, read_clicklog, validate_frame
@@ -25,27 +27,11 @@ ROOT = Path(__file__).resolve().parents[1]
 FEATS = [f"f{i}" for i in range(1, 47)]
 
 
-# ----------------------------------------------------------------------------------------------
-# A line-by-line reference parser (the obvious Python loop the vectorised reader must agree with)
-# ----------------------------------------------------------------------------------------------
 def reference_libsvm(path: Path, n_features: int):
-    labels, qids, comments = [], [], []
-    rows = []
-    for raw in path.read_text(encoding="utf-8").split("\n"):
-        line = raw.strip()
-        if not line or line.startswith("#"):
-            continue
-        body, sep, comment = line.partition("#")
-        toks = body.split()
-        labels.append(float(toks[0]))
-        qids.append(toks[1][len("qid:"):])
-        rows.append({int(k): float(v) for k, v in (t.split(":", 1) for t in toks[2:])})
-        comments.append(comment.strip() if sep else None)
-    mat = np.zeros((len(rows), n_features))
-    for i, r in enumerate(rows):
-        for j, v in r.items():
-            mat[i, j - 1] = v
-    return np.array(labels), qids, mat, comments
+    """The tests' one LibSVM reference (tests/reference.py) on a file: labels, qids, the dense
+    matrix and comments."""
+    ref = ref_libsvm(path.read_bytes(), n_features)
+    return np.array(ref["label"]), ref["qid"], ref["dense"], ref["comment"]
 
 
 def dense(frame: pl.DataFrame) -> np.ndarray:
@@ -525,3 +511,146 @@ def test_clicklog_source_end_to_end(tmp_path, small_log):
                        {"by": "time", "val": 0.0, "test": 0.2, "key": "session"}).load()
     with pytest.raises(ValueError, match="unknown split options"):
         ClickLogSource(tmp_path / "log.parquet", SMALL_MAP.to_dict(), {"by": "time", "frac": 1})
+
+
+# ----------------------------------------------------------------------------------------------
+# Data fingerprints
+# ----------------------------------------------------------------------------------------------
+def _sha256(path: Path) -> str:
+    import hashlib
+
+    return "sha256:" + hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_file_fingerprint_full_and_cheap(tmp_path, small_log):
+    p = tmp_path / "log.parquet"
+    small_log.write_parquet(p)
+    full = file_fingerprint(p)
+    assert full == {"path": str(p), "bytes": p.stat().st_size, "hash": _sha256(p),
+                    "rows": small_log.height}
+    cheap = file_fingerprint(p, full_hash_bytes=0)  # as a parquet file over the threshold
+    assert cheap["hash"].startswith("parquet-meta:") and cheap["rows"] == small_log.height
+    assert cheap["hash"] != full["hash"]
+    small_log.write_parquet(p)  # the same content written again: the same fingerprints
+    assert file_fingerprint(p) == full and file_fingerprint(p, full_hash_bytes=0) == cheap
+    # one click flipped: both notice (the cheap hash reads the footer and the first / last MiB,
+    # the whole of a small file); rows appended: the row count moves too
+    small_log.with_columns(click=pl.when(pl.int_range(pl.len()) == 5).then(1 - pl.col("click"))
+                           .otherwise(pl.col("click"))).write_parquet(p)
+    assert file_fingerprint(p)["hash"] != full["hash"]
+    assert file_fingerprint(p, full_hash_bytes=0)["hash"] != cheap["hash"]
+    pl.concat([small_log, small_log.head(3)]).write_parquet(p)
+    assert file_fingerprint(p, full_hash_bytes=0)["rows"] == small_log.height + 3
+    csv = tmp_path / "log.csv"
+    small_log.write_csv(csv)  # text files are always hashed whole, no row count
+    assert file_fingerprint(csv, full_hash_bytes=0) == {"path": str(csv), "bytes": csv.stat().st_size,
+                                                        "hash": _sha256(csv)}
+
+
+def test_simulator_fingerprint_is_its_parameters_and_split():
+    import inspect
+
+    fp = SimulatedSource(n_users=50, seed=1).fingerprint()
+    defaults = {k: p.default for k, p in inspect.signature(simulate_clicklog).parameters.items()}
+    assert fp["kind"] == "simulated"
+    assert fp["simulator"] == {**defaults, "n_users": 50, "seed": 1}
+    assert fp["split"] == {"by": "time", "val": 0.1, "test": 0.2, "key": "session"}
+    assert check_fingerprint(fp, SimulatedSource(n_users=50, seed=1).fingerprint())  # the same
+    assert not check_fingerprint(None, fp)  # a checkpoint from before fingerprints: nothing to compare
+    assert not check_fingerprint({"kind": "splits in memory"}, fp)  # nor splits given in memory
+    with pytest.raises(DataChangedError, match=r"simulator\.n_users changed: 50 -> 51"):
+        check_fingerprint(fp, SimulatedSource(n_users=51, seed=1).fingerprint())
+    with pytest.raises(DataChangedError, match=r"split\.val changed: 0\.1 -> 0\.2"):
+        check_fingerprint(fp, SimulatedSource(n_users=50, seed=1,
+                                              split={"by": "time", "val": 0.2, "test": 0.2,
+                                                     "key": "session"}).fingerprint())
+
+
+def test_letor_fingerprint_names_the_split_of_a_changed_file(tmp_path):
+    files = {}
+    for name, text in {"train": "1 qid:1 1:0.5\n0 qid:1 1:0.2\n2 qid:2 1:0.1\n0 qid:2 1:0.3\n",
+                       "vali": "1 qid:3 1:0.5\n0 qid:3 1:0.2\n",
+                       "test": "1 qid:4 1:0.5\n0 qid:4 1:0.1\n"}.items():
+        files[name] = write(tmp_path, text, f"{name}.txt")
+    fp = LetorSource(files["train"], files["vali"], files["test"], label_max=2).fingerprint()
+    assert fp["files"]["test"] == [{"path": str(files["test"]), "bytes": files["test"].stat().st_size,
+                                    "hash": _sha256(files["test"])}]
+    assert fp["split"] == {"val": "file"}
+    files["test"].write_text("1 qid:4 1:0.5\n0 qid:4 1:0.2\n")
+    now = LetorSource(files["train"], files["vali"], files["test"], label_max=2).fingerprint()
+    size = files["test"].stat().st_size
+    assert fingerprint_diff(fp, now) == [f"test files: changed file {files['test']} ({size} -> {size} bytes, "
+                                         f"content hash differs)"]
+    held_out = LetorSource(files["train"], None, files["test"], label_max=2, val_fraction=0.3)
+    assert held_out.fingerprint()["split"] == {"by": "hash", "val": 0.3, "test": 0.0,
+                                                "key": "request", "seed": 0}
+
+
+@pytest.fixture
+def glob_run(tmp_path, compose_cfg):
+    """A model trained through data=clicklog on a glob of two parquet files."""
+    from hybridrank.cli.train import train
+
+    df = simulate_clicklog(n_users=70, seed=6)
+    half = int((df["request_id"] == df["request_id"][df.height // 2]).arg_true()[0])
+    (tmp_path / "logs").mkdir()
+    df.slice(0, half).write_parquet(tmp_path / "logs" / "a.parquet")
+    df.slice(half).write_parquet(tmp_path / "logs" / "b.parquet")
+    result = train(compose_cfg("config", f"paths.output_dir={tmp_path}/run", "data=clicklog",
+                               f"data.source.path={tmp_path}/logs/*.parquet", "trainer.max_epochs=1",
+                               "trainer.enable_progress_bar=false", "intervals.n_boot=0"))
+    return {"ckpt": result["best_checkpoint"], "dir": tmp_path / "logs", "df": df,
+            "compose": compose_cfg, "tmp": tmp_path}
+
+
+def _export(run, *overrides):
+    from hybridrank.cli.export import export
+
+    return export(run["compose"]("export", f"checkpoint={run['ckpt']}",
+                                 f"output={run['tmp']}/scores.parquet", "calibrator=none",
+                                 *overrides))
+
+
+@pytest.mark.slow
+def test_export_of_a_split_refuses_changed_added_or_missing_training_files(glob_run):
+    from hybridrank.cli.export import evaluate, load_model
+
+    folder = glob_run["dir"]
+    a, b = folder / "a.parquet", folder / "b.parquet"
+    stored = load_model(glob_run["ckpt"]).data_info["fingerprint"]
+    assert stored["kind"] == "clicklog" and stored["split"]["by"] == "time"
+    assert [f["path"] for f in stored["files"]] == [str(a), str(b)]
+    for f, p in zip(stored["files"], (a, b)):
+        assert f["hash"] == _sha256(p) and f["rows"] == pl.read_parquet(p).height
+    before = _export(glob_run, "split=test")["n_rows"]
+    assert before > 0
+    # a training file changed after training: one click flipped
+    original = a.read_bytes()
+    frame = pl.read_parquet(a)
+    frame.with_columns(click=pl.when(pl.int_range(pl.len()) == 3).then(1 - pl.col("click"))
+                       .otherwise(pl.col("click"))).write_parquet(a)
+    with pytest.raises(DataChangedError, match=rf"changed file {a} \(.*content hash differs\).*"
+                                               r"score new files with input="):
+        _export(glob_run, "split=test")
+    with pytest.raises(DataChangedError, match=rf"changed file {a}"):  # hybridrank-eval as well
+        evaluate(glob_run["compose"]("eval", f"checkpoint={glob_run['ckpt']}", "calibrator=none",
+                                     f"output_dir={glob_run['tmp']}/report", "n_boot=0"))
+    # scoring new files is unaffected (no training data is re-read without a calibrator)
+    assert _export(glob_run, f"input={a}")["n_rows"] == frame.height
+    a.write_bytes(original)
+    assert _export(glob_run, "split=test")["n_rows"] == before
+    # the glob now matches an extra file
+    extra = glob_run["df"].head(40).with_columns(request_id=pl.col("request_id") + 10**9)
+    extra.write_parquet(folder / "c.parquet")
+    with pytest.raises(DataChangedError, match=rf"added file {folder / 'c.parquet'} \(the source "
+                                               r"reads it now; it was not part of training\)"):
+        _export(glob_run, "split=test")
+    (folder / "c.parquet").unlink()
+    # a training file gone (the glob still matches the other one)
+    b.rename(glob_run["tmp"] / "b.parquet")
+    (glob_run["tmp"] / "scores.parquet").unlink()
+    with pytest.raises(DataChangedError, match=rf"missing file {b} \(trained on it"):
+        _export(glob_run, "split=test")
+    assert not (glob_run["tmp"] / "scores.parquet").exists()  # refused before any output
+    # data=<option> reads other data on purpose: no check against the training fingerprint
+    assert _export(glob_run, "split=test", "data=clicklog", f"data.source.path={a}")["n_rows"] > 0

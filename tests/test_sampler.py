@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import collections
+import math
+
 import numpy as np
 import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from hybridrank.data.sampler import GroupBatchSampler, ListDataset, collate, unit_ids
+from hybridrank.data.sampler import GroupBatchSampler, ListDataset, collate, negative_counts, unit_ids
 from hybridrank.lists import ListData, lengths_to_offsets
 
 
@@ -160,3 +163,79 @@ def test_user_window_scope():
     assert unit_ids(data, "user_window", window=50).tolist() == [0, 0, 1, 2]
     with pytest.raises(ValueError, match="window"):
         unit_ids(data, "user_window")
+
+
+# ----------------------------------------------------------------------------------------------
+# One unit definition, one keep-rate count, and the drop that count describes
+# ----------------------------------------------------------------------------------------------
+def ref_units(sessions, users, times, scope, window=None):
+    """Brute force: the key of each request's unit, then dense ids in order of first key."""
+    keys = []
+    for r in range(len(times)):
+        if scope == "request":
+            keys.append(r)
+        elif scope == "session":
+            keys.append(sessions[r])
+        elif scope == "user":
+            keys.append(users[r])
+        else:
+            keys.append((users[r], math.floor(times[r] / window)))
+    order = sorted(set(keys))
+    return [order.index(k) for k in keys]
+
+
+@given(datasets(), st.sampled_from(["request", "session", "user", "user_window"]),
+       st.one_of(st.none(), st.integers(1, 15)), st.integers(0, 50))
+def test_negative_counts_match_a_loop_and_the_drop_collate_applies(data, scope, cap, seed):
+    rng = np.random.default_rng(seed)
+    n_req = data.n_requests
+    users = (data.scope["session"].numpy() % 3).tolist()  # sessions nest in users
+    times = rng.integers(0, 200, n_req).tolist()
+    data = ListData(num=data.num, cat=data.cat, label=data.label, offsets=data.offsets,
+                    scope={"session": data.scope["session"], "user": torch.tensor(users)},
+                    time=torch.tensor(times))
+    units = ref_units(data.scope["session"].tolist(), users, times, scope, window=40)
+    assert unit_ids(data, scope, window=40).tolist() == units
+    # brute force: per unit size, positives, kept = all up to the cap, else max(positives, cap)
+    size = collections.Counter()
+    pos = collections.Counter()
+    for r in range(n_req):
+        s, e = int(data.offsets[r]), int(data.offsets[r + 1])
+        size[units[r]] += e - s
+        pos[units[r]] += int((data.label[s:e] > 0).sum())
+    neg = sum(size[u] - pos[u] for u in size)
+    kept_u = {u: (size[u] if cap is None or size[u] <= cap else max(pos[u], cap)) - pos[u] for u in size}
+    kept = sum(kept_u.values())
+    assert negative_counts(data, scope, window=40, max_unit_size=cap) == (neg, kept)
+    # collate over every unit drops exactly the negatives the count says it keeps
+    ds = ListDataset(data, scope=scope, window=40, max_unit_size=cap, seed=seed)
+    order = np.argsort(units, kind="stable")
+    b = ds[order]
+    assert int((b.label <= 0).sum()) == kept and int((b.label > 0).sum()) == sum(pos.values())
+    if b.weight is not None:  # the kept negatives of a unit weigh up to all its negatives
+        represented = sum(size[u] - pos[u] for u in size if kept_u[u] > 0)
+        assert abs(float(b.weight[b.label <= 0].sum()) - represented) < 1e-3 * max(neg, 1)
+
+
+def test_units_are_keyed_by_request_time_whatever_the_rows_times():
+    """A request whose rows straddle a window boundary belongs to the window of its first time:
+    from a frame (before any schema) and from the transformed split alike."""
+    import polars as pl
+
+    from hybridrank.data.readers import ColumnMap
+    from hybridrank.data.schema import Schema, request_lists
+
+    frame = pl.DataFrame({
+        "r": [1, 1, 1, 2, 2, 3, 3], "u": [7, 7, 7, 7, 7, 7, 7],
+        "t": [48, 49, 51, 52, 53, 98, 120],  # request 1 crosses t=50, request 3 crosses t=100
+        "y": [1.0, 0, 0, 0, 0, 1, 0], "x": [0.0] * 7,
+    })
+    cm = ColumnMap(request="r", label="y", user="u", time="t", numeric=["x"])
+    lists = request_lists(frame, cm)
+    data = Schema.fit(frame, cm, 1).transform(frame)
+    assert lists.time.tolist() == data.time.tolist() == [48, 52, 98]
+    # windows of 50: request 1 -> [0, 50), requests 2 and 3 -> [50, 100)
+    assert unit_ids(lists, "user_window", 50).tolist() == unit_ids(data, "user_window", 50).tolist() \
+        == [0, 1, 1]
+    assert negative_counts(lists, "user_window", 50, max_unit_size=2) == \
+        negative_counts(data, "user_window", 50, max_unit_size=2) == (5, 2)

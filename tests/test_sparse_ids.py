@@ -29,10 +29,10 @@ from hybridrank.data.simulate import simulate_clicklog
 from hybridrank.data.sources import SIM_COLUMNS_MAP, ClickLogSource
 from hybridrank.data.streaming import StreamingClickLogSource
 from hybridrank.data.vocab import (
-    DistinctSketch,
     ValueCounter,
     VocabPolicy,
     collision_share,
+    distinct_from_buckets,
     hash_codes,
     select_vocab,
     vocab_policies,
@@ -217,6 +217,11 @@ def test_a_hashed_model_scores_unseen_ids_with_its_stored_schema(tmp_path):
 # ----------------------------------------------------------------------------------------------
 # In-memory and streaming fits agree
 # ----------------------------------------------------------------------------------------------
+def _hashed_line(caplog, column: str) -> str:
+    return next(r.getMessage() for r in caplog.records
+                if f"{column}: hashed into" in r.getMessage()).split("; ")
+
+
 def test_in_memory_and_streaming_fits_agree(tmp_path, caplog):
     df = simulate_clicklog(n_users=120, seed=5)
     req = df["request_id"].to_numpy()
@@ -224,22 +229,30 @@ def test_in_memory_and_streaming_fits_agree(tmp_path, caplog):
     for k in range(3):
         df.slice(int(cuts[k]), int(cuts[k + 1] - cuts[k])).write_parquet(tmp_path / f"p{k}.parquet")
     cfg = {"min_count": 2, "columns": {"item_id": {"max_size": 50}}, "hash_buckets": {"user_id": 97}}
-    ref = Schema.fit(df, SIM_COLUMNS_MAP, 1, vocab=cfg)
-    with caplog.at_level(logging.INFO, logger="hybridrank.data.streaming"):
+    with caplog.at_level(logging.INFO, logger="hybridrank.data"):
+        ref = Schema.fit(df, SIM_COLUMNS_MAP, 1, vocab=cfg)
+    in_memory = _hashed_line(caplog, "user_id")
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="hybridrank.data"):
         src = StreamingClickLogSource(str(tmp_path / "p*.parquet"), SIM_COLUMNS_MAP, chunk_rows=700,
                                       vocab=cfg)
         got = src.schema
+    streamed = _hashed_line(caplog, "user_id")
     assert len(src.layout()) > 3
     assert got.vocab == ref.vocab and got.vocab_policy == ref.vocab_policy
     assert got.vocab_sizes == ref.vocab_sizes and got.vocab_sizes[0] == 97
     assert ref.vocab["item_id"] == ref_vocab(df["item_id"].to_list(), 2, 50)
     assert ref.vocab["item_category"] == ref_vocab(df["item_category"].to_list(), 2)
     assert torch.equal(Schema.from_dict(got.to_dict()).transform(df).cat, ref.transform(df).cat)
-    # the streamed pass estimates the hashed column's distinct count (HyperLogLog) for its log line
+    # the hashed column's line: the buckets its training values use, counted exactly (the same
+    # in both fits), against one value at a time through stable_hash
+    used = len({ref_hash(v, 97) for v in df["user_id"].unique().to_list()})
     users = df["user_id"].n_unique()
-    line = next(r.getMessage() for r in caplog.records if "hashed into 97 buckets" in r.getMessage())
-    est = float(line.split("of ~")[1].split(" distinct")[0].replace(",", ""))
-    assert abs(est - users) <= 4 * DistinctSketch().rel_error * users + 1
+    assert streamed == in_memory
+    assert in_memory[1] == f"training values use {used:,} of them, ~{distinct_from_buckets(used, 97):,.0f} " \
+                           "distinct values (linear counting)"
+    # linear counting at load ~1.2: relative sd ~ sqrt(n (e^t - t - 1)) / D ~ 9 %
+    assert abs(distinct_from_buckets(used, 97) - users) < 0.3 * users
 
 
 # ----------------------------------------------------------------------------------------------
@@ -258,32 +271,44 @@ def test_collision_share_matches_the_hash():
     occupied = int((per_bucket[1:] > 0).sum())
     assert abs(occupied - n * (1 - (1 - 1 / n) ** d)) < 0.01 * n
     assert collision_share(1, n) == 0.0 and collision_share(5, 1) == 1.0
+    # the occupancy inverts to the distinct count (linear counting): sd ~ sqrt(n (e^t - t - 1))
+    t = d / n
+    sd = math.sqrt(n * (math.exp(t) - t - 1))
+    assert abs(distinct_from_buckets(occupied, n) - d) < 4 * sd, (distinct_from_buckets(occupied, n), d)
 
 
-@pytest.mark.parametrize("d", [40, 3_000, 200_000])
-def test_distinct_sketch_is_close_and_independent_of_order_and_repeats(d):
-    h = stable_hash(pl.Series([f"v{k}" for k in range(d)]))
-    one = DistinctSketch()
-    one.update(h)
-    assert abs(one.estimate() - d) <= 4 * one.rel_error * d + 1, (one.estimate(), d)
-    pieces = DistinctSketch()
-    rng = np.random.default_rng(0)
-    again = np.concatenate([h, h[rng.integers(0, d, d // 2)]])[rng.permutation(d + d // 2)]
-    for part in np.array_split(again, 7):
-        pieces.update(part)
-    assert np.array_equal(pieces.registers, one.registers)
+@pytest.mark.parametrize("d, n", [(40, 1 << 20), (3_000, 4096), (200_000, 1 << 18)])
+def test_distinct_from_buckets_inverts_the_expected_occupancy(d, n):
+    """The expected occupancy n (1 - (1 - 1/n)^D) maps back to D, and a simulated one lands within
+    the estimator's standard deviation."""
+    expected_used = n * (1 - (1 - 1 / n) ** d)
+    assert distinct_from_buckets(expected_used, n) == pytest.approx(d, rel=1e-9)
+    codes = hash_codes(pl.Series([f"v{k}" for k in range(d)]), n)
+    used = int(np.unique(codes).size)
+    t = d / n
+    sd = math.sqrt(n * (math.exp(t) - t - 1))
+    assert abs(distinct_from_buckets(used, n) - d) <= 4 * sd + 1, (distinct_from_buckets(used, n), d)
+    assert distinct_from_buckets(n, n) == math.inf and distinct_from_buckets(0, n) == 0.0
 
 
 def test_fit_logs_table_rows_and_expected_collisions(caplog):
-    cm = ColumnMap(request="r", label="y", categorical=["c", "h"])
-    train = frame_of(c=[f"c{k % 10}" for k in range(1000)], h=[f"h{k}" for k in range(1000)])
+    cm = ColumnMap(request="r", label="y", categorical=["c", "h", "g"])
+    g = [f"g{k % 50}" for k in range(1000)]
+    train = frame_of(c=[f"c{k % 10}" for k in range(1000)], h=[f"h{k}" for k in range(1000)], g=g)
     with caplog.at_level(logging.INFO, logger="hybridrank.data"):
-        Schema.fit(train, cm, 1, vocab={"hash_buckets": {"h": 64}})
+        Schema.fit(train, cm, 1, vocab={"hash_buckets": {"h": 64, "g": 4096}})
     text = caplog.text
     assert "c: vocabulary of 10 values, 11 rows" in text
-    assert (f"h: hashed into 64 buckets of 1,000 distinct train values, 65 rows; expected share of "
-            f"values sharing a bucket {collision_share(1000, 64):.1%}") in text
-    assert f"76 rows in all = {76 * 4 / 2**20:.2f} MiB per embedding dimension" in text
+    # 1,000 values in 64 buckets: every bucket used, the count saturates and the line says so
+    assert ("h: hashed into 64 buckets, 65 rows; training values use all 64 buckets: they "
+            "outnumber the buckets") in text
+    used = len({ref_hash(v, 4096) for v in set(g)})
+    est = distinct_from_buckets(used, 4096)
+    assert (f"g: hashed into 4,096 buckets, 4,097 rows; training values use {used:,} of them, "
+            f"~{est:,.0f} distinct values (linear counting); expected share of values sharing a "
+            f"bucket {collision_share(est, 4096):.1%}") in text
+    assert round(est) == 50  # 50 values in 4,096 buckets: nearly exact
+    assert f"4,173 rows in all = {4173 * 4 / 2**20:.2f} MiB per embedding dimension" in text
 
 
 @pytest.mark.parametrize("cfg,match", [

@@ -1,4 +1,5 @@
-"""Larger-than-memory click logs: streaming parquet chunks of whole requests (hybridrank.data.streaming)."""
+"""Larger-than-memory click logs: streaming parquet chunks of whole requests (hybridrank.data.streaming),
+and the one data path they share with in-memory sources."""
 
 from __future__ import annotations
 
@@ -16,9 +17,11 @@ import torch
 from memprobe import PROBE
 from torch.utils.data import DataLoader
 
+from hybridrank.data.datamodule import ListDataModule
+from hybridrank.data.sampler import GroupBatchSampler, ListDataset
 from hybridrank.data.schema import Schema
 from hybridrank.data.simulate import simulate_clicklog
-from hybridrank.data.sources import SIM_COLUMNS_MAP
+from hybridrank.data.sources import SIM_COLUMNS_MAP, ClickLogSource
 from hybridrank.data.streaming import StreamingClickLogSource
 from hybridrank.losses import HybridLoss
 from hybridrank.models.ranker import HybridRanker
@@ -261,3 +264,187 @@ def test_input_errors(small_log, tmp_path):
     src = StreamingClickLogSource(small_log["glob"], SIM_COLUMNS_MAP, chunk_rows=500)
     with pytest.raises(ValueError, match="do not fit the batch budget of 3"):
         list(src.dataset(budget=3, scope="session"))
+
+
+# ----------------------------------------------------------------------------------------------
+# One data path: in memory is the streamed path with one chunk
+# ----------------------------------------------------------------------------------------------
+ONE_PATH_SPLIT = {"by": "hash", "val": 0.15, "test": 0.2, "key": "session", "seed": 4}
+ONE_PATH_BATCHING = dict(budget=700, scope="session", max_unit_size=40, reweight_negatives=True,
+                         eval_budget=900, seed=3)
+
+
+def _dm(source) -> ListDataModule:
+    return ListDataModule(source, **ONE_PATH_BATCHING)
+
+
+def _same_batch(a, b) -> None:
+    for field in ("rows", "num", "cat", "label", "index", "mask", "rank_index", "rank_mask",
+                  "request", "position"):
+        assert torch.equal(getattr(a, field), getattr(b, field)), field
+    assert (a.weight is None) == (b.weight is None)
+    if a.weight is not None:
+        assert torch.equal(a.weight, b.weight)
+
+
+def _fit(dm: ListDataModule, epochs: int = 2):
+    """A seeded model trained by Lightning on the data module; returns it and its last val metrics."""
+    pl_.seed_everything(0, verbose=False)
+    data = dm.model_data()
+    module = HybridRanker({"_target_": "hybridrank.models.scorers.MLPScorer", "_partial_": True,
+                           "hidden": [16], "emb_dim": 4},
+                          HybridLoss(point_weight=0.5, terms={"softmax": {"loss": "softmax",
+                                                                          "weight": 0.5}}),
+                          data=data)
+    rows = []
+
+    class Rows(pl_.Callback):
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+            rows.append(batch.rows.clone())
+
+    trainer = pl_.Trainer(accelerator="cpu", devices=1, max_epochs=epochs, logger=False,
+                          enable_checkpointing=False, enable_progress_bar=False,
+                          enable_model_summary=False, num_sanity_val_steps=0,
+                          use_distributed_sampler=False, reload_dataloaders_every_n_epochs=1,
+                          deterministic=True, callbacks=[Rows()])
+    trainer.fit(module, datamodule=dm)
+    val = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("val/")}
+    return module, val, rows
+
+
+def test_in_memory_and_streamed_training_give_the_same_batches_metrics_and_scores(tmp_path):
+    """data=clicklog (read whole) and data=clicklog_stream (chunk_rows over the file: one chunk)
+    on the same file: the same schema, keep rate and fingerprint; the same impressions in the same
+    batches for the same seed and epoch; the same validation metrics and exported scores."""
+    df = simulate_clicklog(n_users=90, seed=11)
+    df.write_parquet(tmp_path / "log.parquet", row_group_size=1000)
+    cols = SIM_COLUMNS_MAP.to_dict()
+    whole = ClickLogSource(tmp_path / "log.parquet", cols, split=ONE_PATH_SPLIT)
+    streamed = StreamingClickLogSource(tmp_path / "log.parquet", cols, split=ONE_PATH_SPLIT,
+                                       chunk_rows=df.height)
+    assert whole.chunk_rows is None and streamed.scanner is not None
+    a, b = _dm(whole), _dm(streamed)
+    ma, mb = a.model_data(), b.model_data()
+    assert ma == mb  # schema (scaler, vocabularies, policies), base rate, keep rate, fingerprint
+    assert 0 < ma["neg_keep_rate"] < 1  # the cap bites: capping and weights are compared too
+    for epoch in (0, 1):
+        ba, bb = list(a.train_stream(epoch)), list(b.train_stream(epoch))
+        assert len(ba) == len(bb) > 5
+        for x, y in zip(ba, bb):
+            _same_batch(x, y)
+    # the batches are those of the documented recipe: the split's ListData, GroupBatchSampler with
+    # the data module's seed (chunk 0), ListDataset collation
+    train = whole.load().train
+    ref = GroupBatchSampler(train, budget=700, scope="session", max_unit_size=40, seed=3)
+    ref.set_epoch(1)
+    ds = ListDataset(train, scope="session", max_unit_size=40, seed=3)
+    for x, req in zip(a.train_stream(1), ref):
+        _same_batch(x, ds[req])
+    # training: the same rows per step, the same validation metrics, the same scores
+    model_a, val_a, rows_a = _fit(a)
+    model_b, val_b, rows_b = _fit(b)
+    assert len(rows_a) == len(rows_b) and all(torch.equal(x, y) for x, y in zip(rows_a, rows_b))
+    assert val_a == val_b and "val/logloss" in val_a
+    for split in ("val", "test"):
+        za = torch.cat([model_a.predict_split(d)[0] for d in a.eval_chunks(split, 500)])
+        zb = torch.cat([model_b.predict_split(d)[0] for d in b.eval_chunks(split, 500)])
+        assert torch.equal(za, zb)
+
+
+def test_several_chunks_keep_the_split_schema_and_keep_rate_of_the_whole_log(tmp_path):
+    """A log streamed in many chunks: the hash split puts every request where the whole-log split
+    does, the schema fit agrees with the whole-log fit, the keep rate is the same count (request
+    units never cross a chunk), every training impression comes once per epoch, and a fixed
+    model's metrics over the chunks equal those over the whole split."""
+    df = simulate_clicklog(n_users=90, seed=12)
+    write_parts(df, tmp_path / "parts", 3, row_group=400)
+    cols = SIM_COLUMNS_MAP.to_dict()
+    split = {**ONE_PATH_SPLIT, "key": "request"}
+    whole = ClickLogSource(str(tmp_path / "parts" / "*.parquet"), cols, split=split)
+    streamed = StreamingClickLogSource(str(tmp_path / "parts" / "*.parquet"), cols, split=split,
+                                       chunk_rows=1500)
+    assert len(streamed.layout()) > 4
+    batching = {**ONE_PATH_BATCHING, "scope": "request", "max_unit_size": 8}
+    a, b = ListDataModule(whole, **batching), ListDataModule(streamed, **batching)
+    ma, mb = a.model_data(), b.model_data()
+    sa, sb = Schema.from_dict(ma["schema"]), Schema.from_dict(mb["schema"])
+    assert sa.vocab == sb.vocab
+    np.testing.assert_allclose(sb.mean, sa.mean, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(sb.std, sa.std, rtol=1e-12)
+    assert ma["neg_keep_rate"] == mb["neg_keep_rate"] < 1 and ma["base_rate"] == mb["base_rate"]
+    assert ma["fingerprint"] == mb["fingerprint"]
+    for s in ("train", "val", "test"):
+        keys_a = sorted(k for d in a.eval_chunks(s) for k in d.request_key.to_list())
+        keys_b = sorted(k for d in b.eval_chunks(s) for k in d.request_key.to_list())
+        assert keys_a == keys_b and keys_a
+    # every training impression once per epoch: count (request, item) pairs of the batches
+    n_train = sum(d.n_impressions for d in a.eval_chunks("train"))
+    for epoch in (0, 1):
+        rows = torch.cat([x.rows for x in b.train_stream(epoch)])
+        assert rows.numel() < n_train  # capped negatives dropped ...
+        assert rows.unique().numel() == rows.numel()  # ... and nothing twice
+    # a fixed model, scored chunk by chunk (max_rows honoured) vs whole: the same metrics
+    model = HybridRanker(MLPScorer, HybridLoss(point_weight=1.0), data=ma)
+    pieces = list(b.eval_chunks("val", max_rows=100))
+    assert len(pieces) > len(list(b.eval_chunks("val")))  # max_rows cuts the chunks further
+    assert all(d.n_impressions <= 100 or d.n_requests == 1 for d in pieces)
+    whole_val = model.evaluate(list(a.eval_chunks("val")))
+    chunked_val = model.evaluate(pieces)
+    assert chunked_val.keys() == whole_val.keys()
+    for k, v in whole_val.items():
+        assert chunked_val[k] == pytest.approx(v, rel=1e-6, abs=1e-6), k
+
+
+def test_a_time_split_needs_one_chunk(tmp_path):
+    df = simulate_clicklog(n_users=40, seed=2)
+    df.write_parquet(tmp_path / "log.parquet")
+    by_time = {"by": "time", "val": 0.1, "test": 0.2, "key": "session"}
+    one = StreamingClickLogSource(tmp_path / "log.parquet", SIM_COLUMNS_MAP, split=by_time,
+                                  chunk_rows=df.height)
+    whole = ClickLogSource(tmp_path / "log.parquet", SIM_COLUMNS_MAP, split=by_time)
+    assert [d.request_key.to_list() for d in one.chunks("test")] == \
+        [d.request_key.to_list() for d in whole.chunks("test")]
+    many = StreamingClickLogSource(tmp_path / "log.parquet", SIM_COLUMNS_MAP, split=by_time,
+                                   chunk_rows=500)
+    with pytest.raises(ValueError, match=r"split by='time' needs every key's start time.*reads \d+ "
+                                         r"chunks of chunk_rows=500"):
+        many.layout()
+
+
+def test_mid_epoch_resume_skips_the_batches_already_trained_on(small_log):
+    """The stream skips the first ``start`` batches of the epoch (what a resumed run restores),
+    one chunk or several: the rest are the uninterrupted epoch's batches."""
+    for chunk_rows in (10**6, 900):
+        src = StreamingClickLogSource(small_log["glob"], SIM_COLUMNS_MAP, chunk_rows=chunk_rows)
+        ds = src.dataset(budget=300, scope="session", max_unit_size=50, seed=1)
+        ds.set_epoch(2)
+        full = list(ds)
+        ds.start = 7
+        rest = list(ds)
+        assert len(rest) == len(full) - 7
+        for x, y in zip(full[7:], rest):
+            _same_batch(x, y)
+        assert ds.start == 0 and len(list(ds)) == len(full)  # once
+
+
+def test_the_data_module_refuses_what_is_not_a_source():
+    from hybridrank.data.sources import SimulatedSource
+
+    with pytest.raises(TypeError, match=r"source must be a hybridrank.data.sources.Source .*got dict"):
+        ListDataModule({"path": "x.parquet"})
+    with pytest.raises(ValueError, match="exactly one of source= and splits="):
+        ListDataModule(SimulatedSource(n_users=5), splits=SimulatedSource(n_users=5).load())
+    with pytest.raises(ValueError, match=r"unknown sampler scope 'sesion'"):
+        ListDataModule(SimulatedSource(n_users=5), scope="sesion")
+
+
+def test_the_old_streaming_data_module_name_is_the_one_data_module(small_log):
+    from hybridrank.data.streaming import StreamingDataModule
+
+    src = StreamingClickLogSource(small_log["glob"], SIM_COLUMNS_MAP, chunk_rows=900,
+                                  split={"key": "session"})
+    with pytest.warns(DeprecationWarning, match="use hybridrank.data.datamodule.ListDataModule"):
+        dm = StreamingDataModule(src, budget=512, scope="session", max_unit_size=64)
+    assert type(dm).__mro__[1] is ListDataModule
+    assert dm.model_data() == ListDataModule(src, budget=512, scope="session",
+                                             max_unit_size=64).model_data()

@@ -31,6 +31,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from hybridrank.atomic import check_writable
 from hybridrank.cli.train import CONF_DIR
+from hybridrank.data.fingerprint import check_fingerprint
+from hybridrank.data.sources import Source
 from hybridrank.lists import ListData
 from hybridrank.metrics.report import calibration_summary, stats_summary, write_report
 from hybridrank.metrics.request_stats import flat_stats
@@ -99,29 +101,37 @@ class Prepared:
     calibration_fit: dict | None
     data_cfg: dict | None
     _source: Any = None
+    training_data: bool = True  # data_cfg is the checkpoint's own (not data=<option>)
 
     @property
     def config(self) -> dict:
         return dict(self.model.hparams.get("config") or {})
 
-    def source(self):
-        """The data source of ``data_cfg`` built with the model's schema (loaded once)."""
+    def source(self) -> Source:
+        """The data source of ``data_cfg`` built with the model's schema (built once). The
+        checkpoint's own training data must still be what it was trained on (its fingerprint)."""
         if self._source is None:
             if not self.data_cfg:
                 raise ValueError("the checkpoint's config holds no data node; pass data=<option>")
             node = self.data_cfg.get("source", self.data_cfg)
             # a partial, then the schema: objects never go through OmegaConf
             src = hydra.utils.instantiate(node, _partial_=True)(schema=self.model.schema)
-            self._source = src.load() if hasattr(src, "load") else src
+            if not isinstance(src, Source):
+                raise ValueError(f"the data config's source must build a hybridrank Source, "
+                                 f"got {type(src).__name__}")
+            if self.training_data and not check_fingerprint(
+                    self.model.data_info.get("fingerprint"), src.fingerprint(),
+                    where=f"the training data of {self.checkpoint_path}"):
+                log.warning("%s records no fingerprint of files it was trained on (written before "
+                            "fingerprints, or trained on splits given in memory): the training "
+                            "data is re-read unchecked", self.checkpoint_path)
+            self._source = src
         return self._source
 
     def chunks(self, split: str, chunk_rows: int) -> Iterator[ListData]:
-        """The requests of a split of the data, in chunks of whole requests."""
-        src = self.source()
-        if hasattr(src, "train"):  # in-memory Splits
-            yield from getattr(src, split).chunks(chunk_rows)
-        else:                      # a streamed source: its own chunks
-            yield from src.chunks(split)
+        """The requests of a split of the data, in chunks of at most ``chunk_rows`` impressions
+        of whole requests."""
+        yield from self.source().chunks(split, max_rows=chunk_rows)
 
 
 def _container(node) -> Any:
@@ -134,6 +144,7 @@ def prepare(cfg: DictConfig) -> Prepared:
     """Load the checkpoint, decide the correction, fit the calibrator on ``calibration_split``."""
     model = load_model(cfg.checkpoint)
     info = model.data_info
+    own = not _container(cfg.get("data"))
     data_cfg = _container(cfg.get("data")) or (model.hparams.get("config") or {}).get("data")
     w = float(info.get("neg_keep_rate", 1.0))
     reweighted = bool(info.get("reweight_negatives", True))
@@ -150,7 +161,7 @@ def prepare(cfg: DictConfig) -> Prepared:
         raise ValueError(f"calibrator config must build a hybridrank Calibrator: {calibrator!r}")
     path = Path(cfg.checkpoint)
     prep = Prepared(model, str(path.resolve()), sha256_file(path), calibrator, shift, correction,
-                    None, data_cfg)
+                    None, data_cfg, training_data=own)
     if not isinstance(calibrator, IdentityCalibrator):
         split = str(cfg.get("calibration_split", "val"))
         if split not in SPLITS:
@@ -338,6 +349,7 @@ def export(cfg: DictConfig) -> dict[str, Any]:
                 yield score_frame(model, data, prep.calibrator, shift=prep.shift,
                                   labels=info["has_label"])
     else:
+        prep.source()  # before any output: the training data must match the checkpoint's fingerprint
         names = list(SPLITS) if split == "all" else [split]
         node = (prep.data_cfg or {}).get("source", {})
         scored = {"split": split, "data": node.get("_target_")}

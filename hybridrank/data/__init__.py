@@ -2,11 +2,14 @@
 the group-aware sampler, the DataModules and the simulators. Imports only :mod:`hybridrank.lists`
 (and :mod:`hybridrank.atomic`) from the rest of the package.
 
-- ``schema.py``: :class:`Schema` (features, vocabularies, scaler, value policies).
-- ``sources.py``: the in-memory sources and ``split_frame``; ``streaming.py`` the streaming one.
+- ``schema.py``: :class:`Schema` (features, vocabularies, scaler, value policies), ``SchemaFit``.
+- ``sources.py``: the ``Source`` interface, the sources and ``split_frame``: one data path, in
+  memory (one chunk) or streamed (``streaming.py``: ``StreamingClickLogSource``, many chunks).
 - ``readers.py`` (click logs, ``ColumnMap``, ``validate_frame``), ``libsvm.py`` (LETOR files),
-  ``scanner.py`` (files in chunks of whole requests), ``vocab.py``, ``hashing.py``.
-- ``sampler.py`` (whole-request batches, pooling scopes, DDP shards), ``datamodule.py``.
+  ``scanner.py`` (files in chunks of whole requests), ``vocab.py``, ``hashing.py``,
+  ``fingerprint.py`` (what a model was trained on).
+- ``sampler.py`` (whole-request batches, pooling scopes, DDP shards, ``BatchStream``),
+  ``datamodule.py``.
 - ``simulate.py``: the built-in click-log simulator; ``worlds.py``: a family of randomly built
   click-log worlds with a known truth (for judging defaults across many logs).
 """
@@ -15,6 +18,7 @@ from hybridrank._lazy import lazy_exports
 
 _EXPORTS = {
     "Schema": "hybridrank.data.schema", "POLICY_DEFAULTS": "hybridrank.data.schema",
+    "SchemaFit": "hybridrank.data.schema", "Source": "hybridrank.data.sources",
     "Splits": "hybridrank.data.sources", "SimulatedSource": "hybridrank.data.sources",
     "LetorSource": "hybridrank.data.sources", "ClickLogSource": "hybridrank.data.sources",
     "split_frame": "hybridrank.data.sources", "SIM_COLUMNS_MAP": "hybridrank.data.sources",
@@ -26,6 +30,8 @@ _EXPORTS = {
     "ClickLogScanner": "hybridrank.data.scanner",
     "GroupBatchSampler": "hybridrank.data.sampler", "ListDataset": "hybridrank.data.sampler",
     "collate": "hybridrank.data.sampler", "unit_ids": "hybridrank.data.sampler",
+    "BatchStream": "hybridrank.data.sampler", "POOLING_SCOPES": "hybridrank.data.sampler",
+    "check_fingerprint": "hybridrank.data.fingerprint",
     "ListDataModule": "hybridrank.data.datamodule",
     "StreamingClickLogSource": "hybridrank.data.streaming",
     "StreamingDataModule": "hybridrank.data.streaming",

@@ -1,63 +1,82 @@
-"""The ``LightningDataModule``: a thin shell around :class:`~hybridrank.data.sources.Splits` and the sampler."""
+"""The ``LightningDataModule`` of every source: a thin shell around a :class:`~hybridrank.data.sources.
+Source` and the one batch builder (:class:`~hybridrank.data.sampler.BatchStream`)."""
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytorch_lightning as pl
 from torch.utils.data import DataLoader
 
-from hybridrank.data.sampler import GroupBatchSampler, ListDataset
+from hybridrank.data.sampler import POOLING_SCOPES, BatchStream, negative_counts
+from hybridrank.data.sources import SPLITS, Source, Splits, SplitsSource
 from hybridrank.lists import ListData
 
 __all__ = ["ListDataModule", "ResumableLoader"]
 
+# BatchStream's __len__ is this rank's exact batch count and loader workers build disjoint batches
+# of it, so Lightning's generic warning about an IterableDataset with __len__ does not apply.
+warnings.filterwarnings("ignore", message=r"Your `IterableDataset` has `__len__` defined",
+                        category=UserWarning)
+
 
 class ResumableLoader(DataLoader):
-    """A DataLoader over a :class:`GroupBatchSampler` that resumes in the middle of an epoch.
+    """A DataLoader over a training :class:`BatchStream` that resumes in the middle of an epoch.
 
     Lightning stores ``state_dict()`` in every checkpoint (the loader is "stateful") and hands it
-    back through ``load_state_dict`` on resume; the sampler then skips the batches the interrupted
-    run had already trained on. The epoch's batches themselves are a function of ``(seed, epoch)``,
-    so the resumed run sees exactly the batches the uninterrupted run would have seen.
+    back through ``load_state_dict`` on resume; the stream then skips the batches the interrupted
+    run had already trained on (planned, not collated). The epoch's batches themselves are a
+    function of ``(seed, epoch)``, so the resumed run sees exactly the batches the uninterrupted
+    run would have seen.
 
     Args:
-        dataset: the :class:`ListDataset` turning request indices into batches.
-        sampler: the group-aware sampler of this epoch.
+        stream: the training :class:`BatchStream`, its epoch set.
         progress: returns how many batches of the current epoch have been trained on.
     """
 
-    def __init__(self, dataset: ListDataset, sampler: GroupBatchSampler,
-                 progress: Callable[[], int] | None = None, num_workers: int = 0):
-        super().__init__(dataset, sampler=sampler, batch_size=None, collate_fn=_identity,
-                         num_workers=num_workers)
+    def __init__(self, stream: BatchStream, progress: Callable[[], int] | None = None,
+                 num_workers: int = 0):
+        super().__init__(stream, batch_size=None, collate_fn=_identity, num_workers=num_workers)
+        self.stream = stream
+        self.epoch = stream.epoch
         self._progress = progress
 
     def state_dict(self) -> dict[str, Any]:
         done = self._progress() if self._progress is not None else 0
-        return {"epoch": self.sampler.epoch, "seed": self.sampler.seed, "batches_done": int(done),
-                "n_batches": len(self.sampler)}
+        try:
+            n = len(self.stream)
+        except TypeError:  # a several-chunk source: known only as it streams
+            n = None
+        return {"epoch": self.epoch, "seed": self.stream.seed, "batches_done": int(done),
+                "n_batches": n}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        if state.get("seed", self.sampler.seed) != self.sampler.seed:
+        if state.get("seed", self.stream.seed) != self.stream.seed:
             raise ValueError(f"the checkpoint's sampler seed {state['seed']} differs from the "
-                             f"configured seed {self.sampler.seed}: the resumed epoch would differ")
-        if state.get("epoch") == self.sampler.epoch and state.get("batches_done", 0) < len(self.sampler):
-            self.sampler.start = int(state["batches_done"])
+                             f"configured seed {self.stream.seed}: the resumed epoch would differ")
+        done, n = int(state.get("batches_done", 0)), state.get("n_batches")
+        if state.get("epoch") == self.epoch and done > 0 and (n is None or done < n):
+            self.stream.start = done
 
 
 class ListDataModule(pl.LightningDataModule):
-    """Serves batches of whole requests for train / val / test (what ``conf/data`` builds).
+    """Serves batches of whole requests for train / val / test (what ``conf/data`` builds), for
+    every source: in memory (one chunk) or streamed (many).
 
     Training batches follow the batching keys (budget, pooling scope, capping, shuffling);
     evaluation batches hold whole requests in storage order with scope ``request``.
     Under DDP each rank gets its own disjoint shard of whole batches (the trainer must run with
-    ``use_distributed_sampler=False``: the group-aware sampler does the sharding itself).
+    ``use_distributed_sampler=False``: the batch builder shards by itself).
+
+    The first use runs one pass over the training rows (:meth:`model_data`): the source fits its
+    schema there (unless it has one) and each chunk's training requests are counted for the
+    negative keep rate (:func:`~hybridrank.data.sampler.negative_counts`).
 
     Args:
-        source: a data source (``.load() -> Splits``): ``SimulatedSource``, ``LetorSource``,
-            ``ClickLogSource``. Loaded once, on first use.
+        source: a :class:`~hybridrank.data.sources.Source`: ``SimulatedSource``, ``LetorSource``,
+            ``ClickLogSource``, ``StreamingClickLogSource``.
         splits: already loaded ``Splits`` instead of a source.
         budget: impressions per training batch.
         scope: ranking-term pooling scope: ``request``, ``session``, ``user``, ``user_window``.
@@ -66,65 +85,85 @@ class ListDataModule(pl.LightningDataModule):
         reweight_negatives: weight the kept negatives of capped units ``1 / keep rate`` in the
             loss (default: the pointwise loss stays unbiased and exports need no correction).
         eval_budget: impressions per evaluation batch.
-        shuffle: shuffle units each epoch.
+        shuffle: shuffle units (and chunks) each epoch.
         seed: sampler seed.
-        num_workers: DataLoader workers (0 is usually fastest: batches are tensor gathers).
+        num_workers: DataLoader workers (0 is usually fastest in memory: batches are tensor
+            gathers; a streamed log may read the next chunks in workers).
     """
 
-    def __init__(self, source=None, *, splits=None, budget: int = 4096, scope: str = "request",
-                 window: float | None = None, max_unit_size: int | None = 512,
-                 reweight_negatives: bool = True, eval_budget: int = 16384,
-                 shuffle: bool = True, seed: int = 0, num_workers: int = 0):
+    def __init__(self, source: Source | None = None, *, splits: Splits | None = None,
+                 budget: int = 4096, scope: str = "request", window: float | None = None,
+                 max_unit_size: int | None = 512, reweight_negatives: bool = True,
+                 eval_budget: int = 16384, shuffle: bool = True, seed: int = 0,
+                 num_workers: int = 0):
         super().__init__()
         if (source is None) == (splits is None):
             raise ValueError("ListDataModule needs exactly one of source= and splits=")
-        self.source, self._splits = source, splits
-        self.budget, self.scope, self.window = budget, scope, window
-        self.max_unit_size = None if max_unit_size is None else min(max_unit_size, budget)
-        self.reweight_negatives = bool(reweight_negatives)
-        self.eval_budget, self.shuffle, self.seed, self.num_workers = eval_budget, shuffle, seed, num_workers
-        self._neg_keep_rate: float | None = None
         if splits is not None:
-            self._check()
+            source = SplitsSource(splits)
+        if not isinstance(source, Source):
+            raise TypeError(f"ListDataModule: source must be a hybridrank.data.sources.Source "
+                            f"(SimulatedSource, LetorSource, ClickLogSource, "
+                            f"StreamingClickLogSource), got {type(source).__name__}")
+        if scope not in POOLING_SCOPES:
+            raise ValueError(f"unknown sampler scope {scope!r}; choose one of {POOLING_SCOPES}")
+        if budget < 1:
+            raise ValueError(f"sampler budget must be positive, got {budget}")
+        self.source = source
+        self.budget, self.scope, self.window = int(budget), scope, window
+        self.max_unit_size = None if max_unit_size is None else min(int(max_unit_size), self.budget)
+        self.reweight_negatives = bool(reweight_negatives)
+        self.eval_budget, self.shuffle, self.seed = int(eval_budget), shuffle, int(seed)
+        self.num_workers = num_workers
+        self._model_data: dict[str, Any] | None = None
+        if splits is not None:  # fail now, not in the middle of the first epoch
+            self.model_data()
 
     @property
-    def splits(self):
-        """The loaded ``Splits`` (the source is read on first access)."""
-        if self._splits is None:
-            self._splits = self.source.load()
-            self._check()
-        return self._splits
-
-    def _check(self) -> None:
-        # fail before training, not in the middle of the first epoch; the share of negatives the
-        # sampler keeps is a property of the data and the cap, the same every epoch
-        self._neg_keep_rate = self.train_sampler(epoch=0).neg_keep_rate
+    def splits(self) -> Splits:
+        """Every split whole (a one-chunk source; :meth:`Source.load`)."""
+        self.model_data()
+        return self.source.load()
 
     @property
     def schema(self):
-        return self.splits.schema
+        self.model_data()
+        return self.source.schema
 
     @property
     def neg_keep_rate(self) -> float:
-        _ = self.splits
-        return float(self._neg_keep_rate)
+        return float(self.model_data()["neg_keep_rate"])
 
     def model_data(self) -> dict[str, Any]:
-        """What a model trained on this data records (the ``data`` argument of ``HybridRanker``)."""
-        train = self.splits.train
-        return {"schema": self.schema.to_dict(),
-                "base_rate": float((train.label > 0).float().mean()) if train.n_impressions else None,
-                "neg_keep_rate": self.neg_keep_rate,
-                "reweight_negatives": self.reweight_negatives}
+        """What a model trained on this data records (the ``data`` argument of ``HybridRanker``):
+        schema, base rate, negative keep rate and the data's fingerprint. One pass over the
+        training rows (cached); with ``fit_rows`` the rates are those of the fitted rows."""
+        if self._model_data is None:
+            counts = [0, 0]  # negatives, negatives kept
+
+            def count(requests: ListData) -> None:
+                neg, kept = negative_counts(requests, self.scope, self.window, self.max_unit_size,
+                                            budget=self.budget)
+                counts[0] += neg
+                counts[1] += kept
+
+            stats = self.source.scan(on_train=count)
+            self.source.check_splits(SPLITS)
+            rows, pos = stats["train"]["rows"], stats["train"]["positives"]
+            self._model_data = {
+                "schema": self.source.schema.to_dict(),
+                "base_rate": pos / rows if rows else None,
+                "neg_keep_rate": counts[1] / counts[0] if counts[0] else 1.0,
+                "reweight_negatives": self.reweight_negatives,
+                "fingerprint": self.source.fingerprint(),
+            }
+        return self._model_data
 
     def eval_chunks(self, split: str, max_rows: int | None = None) -> Iterator[ListData]:
         """The requests of a split (``train``, ``val``, ``test``) as ``ListData`` pieces of whole
-        requests of at most ``max_rows`` impressions (default: the whole split at once)."""
-        data = getattr(self.splits, split)
-        if max_rows is None:
-            yield data
-        else:
-            yield from data.chunks(max_rows)
+        requests of at most ``max_rows`` impressions (None: each chunk of the source whole)."""
+        self.model_data()
+        yield from self.source.chunks(split, max_rows)
 
     def _world(self) -> tuple[int, int]:
         trainer = self.trainer
@@ -132,22 +171,24 @@ class ListDataModule(pl.LightningDataModule):
             return 1, 0
         return trainer.world_size, trainer.global_rank
 
-    def train_sampler(self, epoch: int) -> GroupBatchSampler:
+    def _epoch(self) -> int:
+        return self.trainer.current_epoch if self.trainer is not None else 0
+
+    def train_stream(self, epoch: int = 0) -> BatchStream:
+        """The training batches of ``epoch`` for this process."""
+        self.model_data()
         world, rank = self._world()
-        sampler = GroupBatchSampler(
-            self.splits.train, budget=self.budget, scope=self.scope, window=self.window,
-            max_unit_size=self.max_unit_size, shuffle=self.shuffle, seed=self.seed,
-            num_replicas=world, rank=rank,
-        )
-        sampler.set_epoch(epoch)
-        return sampler
+        stream = BatchStream(self.source, split="train", budget=self.budget, scope=self.scope,
+                             window=self.window, max_unit_size=self.max_unit_size,
+                             reweight_negatives=self.reweight_negatives, shuffle=self.shuffle,
+                             seed=self.seed, num_replicas=world, rank=rank)
+        stream.set_epoch(epoch)
+        if self.source.one_chunk:
+            len(stream)  # plan the epoch now: packing errors surface before the first batch
+        return stream
 
     def train_dataloader(self) -> DataLoader:
-        epoch = self.trainer.current_epoch if self.trainer is not None else 0
-        ds = ListDataset(self.splits.train, scope=self.scope, window=self.window,
-                         max_unit_size=self.max_unit_size, seed=self.seed,
-                         reweight_negatives=self.reweight_negatives)
-        return ResumableLoader(ds, self.train_sampler(epoch), progress=self._batches_done,
+        return ResumableLoader(self.train_stream(self._epoch()), progress=self._batches_done,
                                num_workers=self.num_workers)
 
     def _batches_done(self) -> int:
@@ -156,19 +197,21 @@ class ListDataModule(pl.LightningDataModule):
             return 0
         return self.trainer.fit_loop.epoch_loop.batch_progress.current.processed
 
-    def eval_dataloader(self, data: ListData) -> DataLoader:
+    def eval_dataloader(self, split: str) -> DataLoader:
+        self.model_data()
         world, rank = self._world()
-        budget = max(self.eval_budget, int(data.lengths.max()))
-        sampler = GroupBatchSampler(data, budget=budget, scope="request", shuffle=False,
-                                    num_replicas=world, rank=rank)
-        return DataLoader(ListDataset(data), sampler=sampler, batch_size=None, collate_fn=_identity,
+        stream = BatchStream(self.source, split=split, budget=self.eval_budget, scope="request",
+                             max_unit_size=None, shuffle=False, seed=self.seed, fit_longest=True,
+                             num_replicas=world, rank=rank, equal_batches=False)
+        stream.set_epoch(0)
+        return DataLoader(stream, batch_size=None, collate_fn=_identity,
                           num_workers=self.num_workers)
 
     def val_dataloader(self) -> DataLoader:
-        return self.eval_dataloader(self.splits.val)
+        return self.eval_dataloader("val")
 
     def test_dataloader(self) -> DataLoader:
-        return self.eval_dataloader(self.splits.test)
+        return self.eval_dataloader("test")
 
 
 def _identity(batch):

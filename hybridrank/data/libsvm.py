@@ -1,8 +1,11 @@
 """The LibSVM / LETOR / SVMrank text reader: ``label qid:Q i:v ... # comment``.
 
-One fused lazy polars query parses a well-formed file; only when something is off does a
-step-by-step parser run, to name the first malformed line (file, 1-based line, the offending
-text). The dense matrix is filled by one numpy scatter; no Python loop per line.
+One lazy polars query parses the file (:func:`_parse_plan`); a well-formed file collects only the
+columns the result needs. When something is off, the same query is collected again with its
+diagnostic columns (the raw label, qid and feature tokens, each line's text) to name the first
+malformed line (file, 1-based line, the offending text): one parser, and an error path that reads
+its intermediate columns. The dense matrix is filled by one numpy scatter; no Python loop per
+line.
 """
 
 from __future__ import annotations
@@ -39,11 +42,58 @@ def _clip(text: str | None, n: int = 120) -> str:
     return text if len(text) <= n else text[: n - 3] + "..."
 
 
-def _raise_libsvm_error(path: Path, frame: pl.DataFrame, feats: pl.DataFrame,
+def _parse_plan(lines: list[str], irregular: bool) -> tuple[pl.LazyFrame, pl.LazyFrame]:
+    """The one LibSVM parse, as two lazy frames over the non-blank, non-comment lines.
+
+    ``head``: per row ``line`` (1-based), ``text``, ``label_s`` / ``qid_s`` (the first two tokens),
+    ``label`` (float, null when unparseable), ``qid`` (the text after ``qid:``, null without it),
+    ``comment``. ``feats``: per feature token ``row``, ``feat`` (the token), ``no_colon``,
+    ``idx`` (int, null when unparseable) and ``val`` (float, null when unparseable).
+    """
+    body = pl.col("field_0").str.strip_chars()
+    if irregular:  # tabs, runs of spaces, stray CR: normalise first (rare, slower)
+        body = body.str.replace_all(r"\s+", " ")
+    lf = (
+        pl.LazyFrame({"text": lines}).with_row_index("line", offset=1)
+        .with_columns(pl.col("line").cast(pl.Int64), pl.col("text").str.strip_chars())
+        .filter((pl.col("text") != "") & ~pl.col("text").str.starts_with("#"))
+        .with_columns(pl.col("text").str.splitn("#", 2).alias("_p")).unnest("_p")
+        .with_columns(body.str.split(" ").alias("tok"),
+                      pl.col("field_1").str.strip_chars().alias("comment"))
+        .with_row_index("row")
+    )
+    qid = pl.col("qid_s")
+    head = (
+        lf.select("row", "line", "text", "comment",
+                  pl.col("tok").list.get(0, null_on_oob=True).alias("label_s"),
+                  pl.col("tok").list.get(1, null_on_oob=True).alias("qid_s"))
+        .with_columns(pl.col("label_s").cast(pl.Float64, strict=False).alias("label"),
+                      pl.when(qid.str.starts_with("qid:")).then(qid.str.slice(4)).alias("qid"))
+    )
+    feats = (
+        lf.select("row", pl.col("tok").list.slice(2).alias("feat")).explode("feat")
+        .drop_nulls("feat")
+        .with_columns(pl.col("feat").str.splitn(":", 2).alias("kv")).unnest("kv")
+        .select("row", "feat", pl.col("field_1").is_null().alias("no_colon"),
+                pl.col("field_0").cast(pl.Int64, strict=False).alias("idx"),
+                pl.col("field_1").cast(pl.Float64, strict=False).alias("val"))
+    )
+    return head, feats
+
+
+def _raise_libsvm_error(path: Path, head: pl.LazyFrame, feats: pl.LazyFrame,
                         n_features: int | None) -> None:
-    """Raise the ValueError for the first malformed line (only called when one exists)."""
+    """Raise the ValueError for the first malformed line (only called when one exists): the parse
+    of :func:`_parse_plan` collected with its diagnostic columns."""
+    frame, feats = pl.collect_all([head, feats])
+    row = feats["row"].to_numpy().astype(np.int64)
+    # duplicates among the parseable indices (an unparseable token elsewhere must not hide them)
+    ok = feats["idx"].is_not_null().to_numpy()
+    dup = np.zeros(row.size, dtype=bool)
+    dup[ok] = _has_duplicate_index(row[ok], feats["idx"].to_numpy()[ok].astype(np.int64))
+    feats = feats.with_columns(pl.Series("dup", dup)).join(
+        frame.select("row", "line", "text"), on="row", how="left")
     errors: list[tuple[int, str]] = []
-    feats = feats.join(frame.select("row", "line", "text"), on="row", how="left")
 
     def first(df: pl.DataFrame, mask: pl.Expr, what: str, token: str) -> None:
         bad = df.filter(mask)
@@ -54,7 +104,7 @@ def _raise_libsvm_error(path: Path, frame: pl.DataFrame, feats: pl.DataFrame,
     first(frame, pl.col("label").is_null(), "bad label", "label_s")
     first(frame, pl.col("qid").is_null() | (pl.col("qid") == ""), "missing or empty qid:, got",
           "qid_s")
-    no_colon = pl.col("field_1").is_null()
+    no_colon = pl.col("no_colon")
     first(feats, no_colon, "feature token without ':'", "feat")
     first(feats, ~no_colon & pl.col("idx").is_null(), "non-integer feature index in", "feat")
     first(feats, ~no_colon & pl.col("val").is_null(), "non-numeric feature value in", "feat")
@@ -101,60 +151,21 @@ def read_libsvm(path: str | Path, *, n_features: int | None = None) -> pl.DataFr
     if not path.is_file():
         raise FileNotFoundError(f"LibSVM file not found: {path}")
     text = _decode_utf8(path, path.read_bytes(), "LibSVM files")
-    lines = text.split("\n")
-    irregular = _irregular(text)
-    parsed = _libsvm_fast(lines, n_features, irregular)
-    if parsed is None:  # something is off: the step-by-step parser finds and names the line
-        parsed = _libsvm_careful(path, lines, n_features)
-    return _libsvm_frame(path, *parsed, n_features)
-
-
-def _libsvm_fast(lines: list[str], n_features: int | None, irregular: bool):
-    """One fused lazy polars query for well-formed files.
-
-    Returns ``(head, row, idx, val)`` — per-line ``label, qid, comment, line`` and the
-    ``(row, index, value)`` triple of every feature token — or None when any line is malformed
-    (then :func:`_libsvm_careful` reports it) or the file has no row.
-    """
-    body = pl.col("field_0").str.strip_chars()
-    if irregular:  # tabs, runs of spaces, stray CR: normalise first (rare, slower)
-        body = body.str.replace_all(r"\s+", " ")
-    lf = (
-        pl.LazyFrame({"text": lines}).with_row_index("line", offset=1)
-        .with_columns(pl.col("text").str.strip_chars())
-        .filter((pl.col("text") != "") & ~pl.col("text").str.starts_with("#"))
-        .with_columns(pl.col("text").str.splitn("#", 2).alias("_p")).unnest("_p")
-        .with_columns(body.str.split(" ").alias("tok"),
-                      pl.col("field_1").str.strip_chars().alias("comment"))
-        .with_row_index("row")
-    )
-    qid = pl.col("tok").list.get(1, null_on_oob=True)
-    head = lf.select(
-        pl.col("tok").list.get(0, null_on_oob=True).cast(pl.Float64, strict=False).alias("label"),
-        pl.when(qid.str.starts_with("qid:")).then(qid.str.slice(4)).alias("qid"),
-        "comment", pl.col("line").cast(pl.Int64))
-    feats = (
-        lf.select("row", pl.col("tok").list.slice(2).alias("feat")).explode("feat")
-        .drop_nulls("feat")
-        .select("row", pl.col("feat").str.splitn(":", 2).alias("kv")).unnest("kv")
-        .select("row", pl.col("field_1").is_null().alias("no_colon"),
-                pl.col("field_0").cast(pl.Int64, strict=False).alias("idx"),
-                pl.col("field_1").cast(pl.Float64, strict=False).alias("val"))
-    )
-    head, feats = pl.collect_all([head, feats])
-    if head.height == 0 or head["label"].null_count() or head["qid"].null_count():
-        return None
-    if (head["qid"] == "").any() or feats["no_colon"].any():
-        return None
-    if feats["idx"].null_count() or feats["val"].null_count():
-        return None
-    row = feats["row"].to_numpy().astype(np.int64)
-    idx = feats["idx"].to_numpy()
-    if idx.size and (idx.min() < 1 or (n_features is not None and idx.max() > n_features)):
-        return None
-    if _has_duplicate_index(row, idx).any():
-        return None
-    return head, row, idx, feats["val"].to_numpy()
+    head, feats = _parse_plan(text.split("\n"), _irregular(text))
+    h, f = pl.collect_all([head.select("label", "qid", "comment", "line"),
+                           feats.select("row", "no_colon", "idx", "val")])
+    if h.height == 0:
+        raise ValueError(f"{path}: empty file: no LibSVM rows (only blank or comment lines)")
+    row = f["row"].to_numpy().astype(np.int64)
+    idx = f["idx"].to_numpy()
+    malformed = (h["label"].null_count() or h["qid"].null_count() or (h["qid"] == "").any()
+                 or f["no_colon"].any() or f["idx"].null_count() or f["val"].null_count())
+    if not malformed and idx.size:
+        malformed = (idx.min() < 1 or (n_features is not None and idx.max() > n_features)
+                     or _has_duplicate_index(row, idx).any())
+    if malformed:
+        _raise_libsvm_error(path, head, feats, n_features)
+    return _libsvm_frame(path, h, row, idx, f["val"].to_numpy(), n_features)
 
 
 def _has_duplicate_index(row: np.ndarray, idx: np.ndarray) -> np.ndarray:
@@ -168,61 +179,6 @@ def _has_duplicate_index(row: np.ndarray, idx: np.ndarray) -> np.ndarray:
         d_sorted[1:] = key[order][1:] == key[order][:-1]
         dup[order] = d_sorted
     return dup
-
-
-def _libsvm_careful(path: Path, lines: list[str], n_features: int | None):
-    """The step-by-step parser: same result as the fast one, and file:line errors when malformed."""
-    frame = (
-        pl.DataFrame({"text": lines})
-        .with_row_index("line", offset=1)
-        .with_columns(pl.col("line").cast(pl.Int64), pl.col("text").str.strip_chars())
-        .filter((pl.col("text") != "") & ~pl.col("text").str.starts_with("#"))
-    )
-    if frame.height == 0:
-        raise ValueError(f"{path}: empty file: no LibSVM rows (only blank or comment lines)")
-    body = pl.col("body").str.strip_chars()
-    if frame["text"].str.contains(r"\s\s|[\t\r\x0b\x0c]").any():  # irregular whitespace (rare)
-        body = body.str.replace_all(r"\s+", " ")
-    frame = (
-        frame.with_columns(pl.col("text").str.splitn("#", 2).alias("_parts"))
-        .unnest("_parts")
-        .rename({"field_0": "body", "field_1": "comment"})
-        .with_columns(pl.col("comment").str.strip_chars(), body.str.split(" ").alias("tok"))
-        .with_columns(
-            pl.col("tok").list.get(0, null_on_oob=True).alias("label_s"),
-            pl.col("tok").list.get(1, null_on_oob=True).alias("qid_s"),
-            pl.col("tok").list.slice(2).alias("feat"),
-        )
-        .with_columns(
-            pl.col("label_s").cast(pl.Float64, strict=False).alias("label"),
-            pl.when(pl.col("qid_s").str.starts_with("qid:"))
-            .then(pl.col("qid_s").str.slice(4)).alias("qid"),
-        )
-        .with_row_index("row")
-    )
-    feats = (
-        frame.lazy().select("row", "feat").explode("feat").drop_nulls("feat")
-        .with_columns(pl.col("feat").str.splitn(":", 2).alias("_kv")).unnest("_kv")
-        .with_columns(pl.col("field_0").cast(pl.Int64, strict=False).alias("idx"),
-                      pl.col("field_1").cast(pl.Float64, strict=False).alias("val"))
-        .collect()
-    )
-    row = feats["row"].to_numpy().astype(np.int64)
-    idx = feats["idx"].to_numpy()
-    # duplicates among the parseable indices (an unparseable token elsewhere must not hide them)
-    ok = feats["idx"].is_not_null().to_numpy()
-    dup = np.zeros(row.size, dtype=bool)
-    dup[ok] = _has_duplicate_index(row[ok], feats["idx"].to_numpy()[ok].astype(np.int64))
-    feats = feats.with_columns(pl.Series("dup", dup))
-    bad_feat = (pl.col("field_1").is_null() | pl.col("idx").is_null() | pl.col("val").is_null()
-                | (pl.col("idx") < 1) | pl.col("dup"))
-    if n_features is not None:
-        bad_feat = bad_feat | (pl.col("idx") > n_features)
-    bad_line = pl.col("label").is_null() | pl.col("qid").is_null() | (pl.col("qid") == "")
-    if frame.select(bad_line.any()).item() or feats.select(bad_feat.any()).item():
-        _raise_libsvm_error(path, frame, feats, n_features)
-
-    return frame.select("label", "qid", "comment", "line"), row, idx, feats["val"].to_numpy()
 
 
 def _libsvm_frame(path: Path, frame: pl.DataFrame, row: np.ndarray, idx: np.ndarray,

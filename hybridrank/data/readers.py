@@ -274,7 +274,7 @@ def scan_clicklog(files: list[str], columns: ColumnMap, *, pattern: str = "",
     return lf.select(*[c for c in columns.source_columns() if c in existing], SOURCE_FILE)
 
 
-def read_clicklog(path_or_glob: str | Path, columns: ColumnMap) -> pl.DataFrame:
+def read_clicklog(path_or_glob: str | Path | list, columns: ColumnMap) -> pl.DataFrame:
     """Read a click log (parquet or CSV by suffix; one file or a glob) selecting mapped columns.
 
     Types are normalised: label, numeric features, bid and true_p to float64, position to int64,
@@ -289,7 +289,7 @@ def read_clicklog(path_or_glob: str | Path, columns: ColumnMap) -> pl.DataFrame:
             (naming column, count, first value and where).
     """
     pattern = str(path_or_glob)
-    files = expand_files(pattern)
+    files = expand_files(path_or_glob)
     try:
         frame = (
             scan_clicklog(files, columns, pattern=pattern)

@@ -1,12 +1,16 @@
 """``Schema``: everything a model needs to read data as it was trained.
 
 Features, vocabularies, scaler, label range, column map and value policies; it is fitted on the
-training split (:meth:`Schema.fit`), stored with the model, and turns frames into
-:class:`~hybridrank.lists.ListData` (:meth:`Schema.transform`, :meth:`Schema.read`).
+training split by :class:`SchemaFit` (the one fit: chunk by chunk for a streamed log, one chunk for
+an in-memory one; :meth:`Schema.fit` is that fit over one frame), stored with the model, and turns
+frames into :class:`~hybridrank.lists.ListData` (:meth:`Schema.transform`, :meth:`Schema.read`).
+The request layout of a frame (which rows form which request, in which order, with which session /
+user / time) is :func:`request_lists`, shared by the transform and by the sampler's counts.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -16,10 +20,18 @@ import polars as pl
 import torch
 
 from hybridrank.data.readers import MAX_REQUEST_SPAN, ColumnMap, normalize_types, request_key_expr, validate_frame
-from hybridrank.data.vocab import VocabIndex, VocabPolicy, hash_codes, select_vocab, table_report, vocab_policies
+from hybridrank.data.vocab import (
+    ValueCounter,
+    VocabIndex,
+    VocabPolicy,
+    hash_codes,
+    select_vocab,
+    table_report,
+    vocab_policies,
+)
 from hybridrank.lists import ListData, lengths_to_offsets
 
-__all__ = ["Schema", "POLICY_DEFAULTS"]
+__all__ = ["Schema", "SchemaFit", "POLICY_DEFAULTS", "request_lists"]
 
 log = logging.getLogger(__name__)
 
@@ -122,35 +134,16 @@ class Schema:
             normalize: bool = True, vocab: Mapping | None = None, **policies) -> Schema:
         """Fit vocabularies and the scaler on the (validated) train frame; record the policies.
 
+        :class:`SchemaFit` over one frame (the fit a streamed source runs chunk by chunk).
         ``vocab`` is the ``vocab:`` config node (:func:`~hybridrank.data.vocab.vocab_policies`) or
         ``{column: VocabPolicy}``; None keeps every train value of every column. The embedding
-        rows of each column (and a hashed column's expected collision share) are logged.
+        rows of each column (and a hashed column's bucket use) are logged.
         """
-        unknown = sorted(set(policies) - set(POLICY_DEFAULTS))
-        if unknown:
-            raise ValueError(f"Schema.fit: unknown policies {unknown}; known {sorted(POLICY_DEFAULTS)}")
+        fit = SchemaFit(columns, label_max, normalize=normalize, vocab=vocab, **policies)
         if train.height == 0:
             raise ValueError("Schema.fit: the train frame is empty")
-        num = list(columns.numeric)
-        if num and normalize:
-            stats = train.select(
-                *[pl.col(c).cast(pl.Float64).mean().alias(f"m{i}") for i, c in enumerate(num)],
-                *[pl.col(c).cast(pl.Float64).std(ddof=0).alias(f"s{i}") for i, c in enumerate(num)],
-            ).row(0)
-            mean = tuple(float(v) for v in stats[: len(num)])
-            std = tuple(float(s) if s is not None and np.isfinite(s) and s > 0 else 1.0
-                        for s in stats[len(num):])
-        else:
-            mean, std = (0.0,) * len(num), (1.0,) * len(num)
-        vpol = vocab_policies(vocab, columns.categorical)
-        vocabs = {c: select_vocab(train[c], p) for c, p in vpol.items() if not p.hashed}
-        schema = cls(tuple(num), tuple(columns.categorical), vocabs, mean, std, float(label_max),
-                     columns, **policies, vocab_policy=vpol)
-        distinct = {c: (train[c].drop_nulls().cast(pl.String).n_unique(), True)
-                    for c in columns.categorical if not vpol[c].keeps_all}
-        if schema.categorical:
-            log.info("schema: %s", table_report(schema, distinct))
-        return schema
+        fit.update(train)
+        return fit.finish()
 
     def to_dict(self) -> dict:
         """JSON-serialisable form (stored in checkpoints)."""
@@ -214,27 +207,7 @@ class Schema:
         need = [c for c in cm.source_columns() if c not in frame.columns]
         if need:
             raise ValueError(f"Schema.transform: columns {need} missing; frame has {frame.columns}")
-        df = frame.with_columns(request_key_expr(cm).alias(_REQ)).with_row_index(_ROW)
-        if df[_REQ].null_count():
-            raise ValueError(f"Schema.transform: {df[_REQ].null_count()} row(s) have no request "
-                             "id; run validate_frame on new data first")
-        aggs = [pl.col(_ROW).min().alias("first")]
-        if cm.time is not None:
-            aggs.append(pl.col(cm.time).min().alias("t"))
-        for s in dict.fromkeys(x for x in (cm.session, cm.user) if x is not None):
-            aggs += [pl.col(s).first().alias(f"id_{s}"), pl.col(s).n_unique().alias(f"nu_{s}")]
-        req = df.group_by(_REQ).agg(aggs)
-        req = req.sort(["t", "first"] if cm.time is not None else ["first"])
-        for s in dict.fromkeys(x for x in (cm.session, cm.user) if x is not None):
-            split = req.filter(pl.col(f"nu_{s}") > 1)
-            if split.height:
-                raise ValueError(f"{split.height} request(s) have rows from several {s!r} values, "
-                                 f"e.g. request {split[_REQ][0]!r}; a request must sit in one {s}")
-        req = req.with_row_index("__r")
-        order = ["__r", cm.position, _ROW] if cm.position is not None else ["__r", _ROW]
-        df = df.join(req.select(_REQ, "__r"), on=_REQ, how="left").sort(order)
-        lengths = torch.from_numpy(
-            np.bincount(df["__r"].to_numpy(), minlength=req.height).astype(np.int64))
+        df, skeleton = _request_layout(frame, cm)
         n = df.height
 
         if self.numeric:
@@ -259,30 +232,168 @@ class Schema:
             codes.append(code)
         cat = np.stack(codes, axis=1) if codes else np.zeros((n, 0), dtype=np.int64)
 
-        def t(col: str | None, dtype: torch.dtype) -> torch.Tensor | None:
-            if col is None:
-                return None
-            return torch.from_numpy(np.array(df[col].to_numpy(), copy=True)).to(dtype)
-
-        scope = {}
-        for name, col in (("session", cm.session), ("user", cm.user)):
-            if col is not None:
-                ids = req[f"id_{col}"].rank("dense").cast(pl.Int64) - 1
-                scope[name] = torch.from_numpy(ids.to_numpy().astype(np.int64))
-        data = ListData(
+        data = dataclasses.replace(
+            skeleton,
             num=torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32)),
             cat=torch.from_numpy(np.ascontiguousarray(cat, dtype=np.int64)),
-            label=t(cm.label, torch.float32),
-            offsets=lengths_to_offsets(lengths),
-            scope=scope,
-            position=t(cm.position, torch.int64),
-            bid=t(cm.bid, torch.float32),
-            true_p=t(cm.true_p, torch.float32),
-            request_key=req[_REQ].rename("request"),
+            bid=_rows_tensor(df, cm.bid, torch.float32),
+            true_p=_rows_tensor(df, cm.true_p, torch.float32),
             item_key=df[cm.item] if cm.item is not None else None,
-            time=(torch.from_numpy(np.array(req["t"].cast(pl.Int64).to_numpy(), copy=True))
-                  if cm.time else None),
         )
         return data, {"oov": oov}
 
 
+
+
+# ----------------------------------------------------------------------------------------------
+# The request layout of a frame (shared by Schema.transform and the sampler's counts)
+# ----------------------------------------------------------------------------------------------
+def _rows_tensor(df: pl.DataFrame, col: str | None, dtype: torch.dtype) -> torch.Tensor | None:
+    if col is None:
+        return None
+    return torch.from_numpy(np.array(df[col].to_numpy(), copy=True)).to(dtype)
+
+
+def _request_layout(frame: pl.DataFrame, cm: ColumnMap) -> tuple[pl.DataFrame, ListData]:
+    """The frame's rows in request order, and the :class:`ListData` of that order without features.
+
+    Requests are ordered by their first time when a time column is mapped, else by first
+    appearance (ties keep first appearance); rows inside a request by position when mapped, else
+    input order. Scope ids are dense per frame; ``time`` is each request's first time.
+    """
+    df = frame.with_columns(request_key_expr(cm).alias(_REQ)).with_row_index(_ROW)
+    if df[_REQ].null_count():
+        raise ValueError(f"Schema.transform: {df[_REQ].null_count()} row(s) have no request "
+                         "id; run validate_frame on new data first")
+    aggs = [pl.col(_ROW).min().alias("first")]
+    if cm.time is not None:
+        aggs.append(pl.col(cm.time).min().alias("t"))
+    for s in dict.fromkeys(x for x in (cm.session, cm.user) if x is not None):
+        aggs += [pl.col(s).first().alias(f"id_{s}"), pl.col(s).n_unique().alias(f"nu_{s}")]
+    req = df.group_by(_REQ).agg(aggs)
+    req = req.sort(["t", "first"] if cm.time is not None else ["first"])
+    for s in dict.fromkeys(x for x in (cm.session, cm.user) if x is not None):
+        split = req.filter(pl.col(f"nu_{s}") > 1)
+        if split.height:
+            raise ValueError(f"{split.height} request(s) have rows from several {s!r} values, "
+                             f"e.g. request {split[_REQ][0]!r}; a request must sit in one {s}")
+    req = req.with_row_index("__r")
+    order = ["__r", cm.position, _ROW] if cm.position is not None else ["__r", _ROW]
+    df = df.join(req.select(_REQ, "__r"), on=_REQ, how="left").sort(order)
+    lengths = torch.from_numpy(
+        np.bincount(df["__r"].to_numpy(), minlength=req.height).astype(np.int64))
+    scope = {}
+    for name, col in (("session", cm.session), ("user", cm.user)):
+        if col is not None:
+            ids = req[f"id_{col}"].rank("dense").cast(pl.Int64) - 1
+            scope[name] = torch.from_numpy(ids.to_numpy().astype(np.int64))
+    n = df.height
+    skeleton = ListData(
+        num=torch.zeros((n, 0)), cat=torch.zeros((n, 0), dtype=torch.int64),
+        label=_rows_tensor(df, cm.label, torch.float32),
+        offsets=lengths_to_offsets(lengths),
+        scope=scope,
+        position=_rows_tensor(df, cm.position, torch.int64),
+        request_key=req[_REQ].rename("request"),
+        time=(torch.from_numpy(np.array(req["t"].cast(pl.Int64).to_numpy(), copy=True))
+              if cm.time else None),
+    )
+    return df, skeleton
+
+
+def request_lists(frame: pl.DataFrame, columns: ColumnMap) -> ListData:
+    """A frame's requests as :class:`ListData` without features: labels, offsets, positions, the
+    session / user scope ids and request times, in the order :meth:`Schema.transform` gives them
+    (the same function builds both). What the sampler needs to count pooling units and capped
+    negatives before a schema exists (:func:`hybridrank.data.sampler.negative_counts`).
+
+    >>> d = request_lists(pl.DataFrame({"r": [2, 1, 2], "y": [1.0, 0.0, 0.0]}),
+    ...                   ColumnMap(request="r", label="y"))
+    >>> d.offsets.tolist(), d.label.tolist(), d.num.shape
+    ([0, 2, 3], [1.0, 0.0, 0.0], torch.Size([3, 0]))
+    """
+    return _request_layout(frame, columns)[1]
+
+
+# ----------------------------------------------------------------------------------------------
+# The one schema fit
+# ----------------------------------------------------------------------------------------------
+class SchemaFit:
+    """Fits a :class:`Schema` on training frames given one at a time (chunks of a streamed log, or
+    one whole frame: :meth:`Schema.fit`).
+
+    Numeric features: mean and population standard deviation, merged exactly across chunks in
+    the pairwise form of Chan, Golub & LeVeque (1979) (with one chunk, numpy's mean and sum of
+    squared deviations; across chunks equal to a one-pass fit up to float rounding).
+    Vocabulary columns: exact value counts (:class:`~hybridrank.data.vocab.ValueCounter`; only the
+    distinct values when the policy keeps them all), so ``min_count`` / ``max_size`` give the same
+    vocabulary however the rows are chunked. Hashed columns: which of the ``n`` buckets training
+    values fall in (``n + 1`` booleans, bounded like the table itself), reported by
+    :func:`~hybridrank.data.vocab.table_report`.
+
+    Args:
+        columns: the column map (its numeric and categorical features are fitted).
+        label_max: the largest label.
+        normalize: standardise numerics (False stores mean 0, std 1).
+        vocab: the ``vocab:`` config node or ``{column: VocabPolicy}``.
+        **policies: the value policies recorded in the schema (``POLICY_DEFAULTS`` keys).
+    """
+
+    def __init__(self, columns: ColumnMap, label_max: float, *, normalize: bool = True,
+                 vocab: Mapping | None = None, **policies):
+        unknown = sorted(set(policies) - set(POLICY_DEFAULTS))
+        if unknown:
+            raise ValueError(f"Schema.fit: unknown policies {unknown}; known {sorted(POLICY_DEFAULTS)}")
+        self.columns, self.label_max, self.normalize = columns, float(label_max), normalize
+        self.policies = dict(policies)
+        self.vocab = vocab_policies(vocab, columns.categorical)
+        self.rows = 0
+        k = len(columns.numeric)
+        self._mean, self._m2 = np.zeros(k), np.zeros(k)
+        self._counters = {c: ValueCounter(counts=not p.keeps_all)
+                          for c, p in self.vocab.items() if not p.hashed}
+        self._buckets = {c: np.zeros(p.hash_buckets + 1, dtype=bool)
+                         for c, p in self.vocab.items() if p.hashed}
+
+    def update(self, frame: pl.DataFrame) -> None:
+        """Add a (validated) frame of training rows."""
+        k = frame.height
+        if k == 0:
+            return
+        num = list(self.columns.numeric)
+        if num and self.normalize:
+            x = frame.select([pl.col(c).cast(pl.Float64) for c in num]).to_numpy()
+            mk = x.mean(axis=0)
+            m2k = ((x - mk) ** 2).sum(axis=0)
+            delta = mk - self._mean
+            tot = self.rows + k
+            self._mean = self._mean + delta * (k / tot)
+            self._m2 = self._m2 + m2k + delta ** 2 * (self.rows * k / tot)
+        self.rows += k
+        for c, counter in self._counters.items():
+            counter.update(frame[c])
+        for c, used in self._buckets.items():
+            used[hash_codes(frame[c], len(used) - 1)] = True
+
+    def finish(self) -> Schema:
+        """The fitted schema (logs the embedding-table report)."""
+        if self.rows == 0:
+            raise ValueError("Schema.fit: no training rows (check the split fractions)")
+        num = list(self.columns.numeric)
+        if num and self.normalize:
+            std = np.sqrt(self._m2 / self.rows)
+            means = tuple(float(v) for v in self._mean)
+            stds = tuple(float(s) if np.isfinite(s) and s > 0 else 1.0 for s in std)
+        else:
+            means, stds = (0.0,) * len(num), (1.0,) * len(num)
+        distinct = {c: counter.frame().height for c, counter in self._counters.items()
+                    if not self.vocab[c].keeps_all}
+        vocabs = {c: select_vocab(counter.frame(), self.vocab[c])
+                  for c, counter in self._counters.items()}
+        used = {c: int(u[1:].sum()) for c, u in self._buckets.items()}
+        cm = self.columns
+        schema = Schema(tuple(num), tuple(cm.categorical), vocabs, means, stds, self.label_max, cm,
+                        **self.policies, vocab_policy=self.vocab)
+        if schema.categorical:
+            log.info("schema: %s", table_report(schema, distinct, used))
+        return schema

@@ -21,14 +21,17 @@ deterministic and the same for an in-memory and a streamed fit. ``min_count`` is
 Memory is O(n) whatever the number of distinct values, and a value never seen in training still
 gets a trained row, shared with the training values of its bucket. Collisions are the price: with
 ``D`` distinct values in ``n`` buckets, a value shares its bucket with another with probability
-``1 - (1 - 1/n)^(D - 1)`` (~ ``D / n`` when small; :func:`collision_share`), logged at fit time.
+``1 - (1 - 1/n)^(D - 1)`` (~ ``D / n`` when small; :func:`collision_share`). The fit records which
+buckets the training values use (``n + 1`` booleans, no per-value state) and logs the used count,
+the distinct count it implies (:func:`distinct_from_buckets`) and that share.
 
 **Memory of an embedding table**: ``rows x dim x 4`` bytes in float32, ``rows = V + 1`` (``n + 1``
 for a hashed column); Adam keeps two moment buffers of the same shape, so training holds ``3x``
 that. :func:`table_report` logs the rows of every table when a schema is fitted.
 
 References: the hashing trick, Weinberger et al. 2009, "Feature Hashing for Large Scale Multitask
-Learning"; HyperLogLog, Flajolet et al. 2007 (the streaming distinct-count estimate).
+Learning"; linear counting, Whang, Vander-Zanden & Taylor 1990, "A Linear-Time Probabilistic
+Counting Algorithm for Database Applications" (the distinct count from the used buckets).
 """
 
 from __future__ import annotations
@@ -45,7 +48,7 @@ import polars as pl
 from hybridrank.data.hashing import stable_hash
 
 __all__ = ["VocabPolicy", "vocab_policies", "select_vocab", "ValueCounter", "VocabIndex",
-           "DistinctSketch", "hash_codes", "collision_share", "table_bytes", "table_report"]
+           "hash_codes", "collision_share", "distinct_from_buckets", "table_bytes", "table_report"]
 
 log = logging.getLogger(__name__)
 
@@ -322,51 +325,6 @@ def hash_codes(values: pl.Series, buckets: int) -> np.ndarray:
     return out
 
 
-class DistinctSketch:
-    """HyperLogLog estimate of the number of distinct values (Flajolet et al. 2007).
-
-    ``2^p`` one-byte registers (16 KiB at ``p = 14``), relative standard error ``1.04 / 2^(p/2)``
-    (0.8 %); small counts use linear counting. Fed with 64-bit :func:`stable_hash` values: the top
-    ``p`` bits pick a register, which keeps the largest ``1 + trailing zeros`` of the other bits.
-
-    >>> from hybridrank.data import stable_hash
-    >>> s = DistinctSketch(); s.update(stable_hash(pl.Series(range(1000)))); round(s.estimate(), -1)
-    1000.0
-    """
-
-    def __init__(self, p: int = 14):
-        if not 4 <= p <= 18:
-            raise ValueError(f"DistinctSketch: p must be in [4, 18], got {p}")
-        self.p = int(p)
-        self.registers = np.zeros(1 << self.p, dtype=np.uint8)
-
-    @property
-    def rel_error(self) -> float:
-        return 1.04 / math.sqrt(len(self.registers))
-
-    def update(self, hashes: np.ndarray) -> None:
-        h = np.asarray(hashes, dtype=np.uint64)
-        if h.size == 0:
-            return
-        rest_bits = 64 - self.p
-        idx = (h >> np.uint64(rest_bits)).astype(np.int64)
-        w = h & np.uint64((1 << rest_bits) - 1)
-        with np.errstate(over="ignore"):
-            low = w & (~w + np.uint64(1))  # the lowest set bit, an exact power of two
-        rank = np.where(w == 0, rest_bits + 1,
-                        np.log2(np.maximum(low, np.uint64(1)).astype(np.float64)) + 1)
-        np.maximum.at(self.registers, idx, rank.astype(np.uint8))
-
-    def estimate(self) -> float:
-        m = len(self.registers)
-        alpha = 0.7213 / (1 + 1.079 / m)
-        e = alpha * m * m / float(np.ldexp(1.0, -self.registers.astype(np.int64)).sum())
-        zeros = int((self.registers == 0).sum())
-        if e <= 2.5 * m and zeros:
-            e = m * math.log(m / zeros)
-        return float(e)
-
-
 def collision_share(distinct: float, buckets: int) -> float:
     """Expected share of ``distinct`` values that share their bucket with at least one other:
     ``1 - (1 - 1/n)^(D - 1)`` for ``D`` values hashed uniformly into ``n`` buckets.
@@ -379,6 +337,26 @@ def collision_share(distinct: float, buckets: int) -> float:
     return float(-math.expm1((distinct - 1) * math.log1p(-1.0 / buckets))) if buckets > 1 else 1.0
 
 
+def distinct_from_buckets(used: int, buckets: int) -> float:
+    """Distinct values implied by ``used`` of ``buckets`` occupied buckets (linear counting, Whang
+    et al. 1990): ``D = ln(1 - used / n) / ln(1 - 1 / n)``, the inverse of the expected occupancy
+    ``n (1 - (1 - 1/n)^D)``. ``inf`` when every bucket is used (the count is then only known to be
+    large compared with ``n``). Nearly exact while ``D`` is small compared with ``n``.
+
+    >>> distinct_from_buckets(0, 64), round(distinct_from_buckets(10, 1_000_000), 3)
+    (0.0, 10.0)
+    >>> distinct_from_buckets(64, 64)
+    inf
+    """
+    if used <= 0:
+        return 0.0
+    if used >= buckets:
+        return math.inf
+    if buckets == 1:
+        return 1.0
+    return float(math.log1p(-used / buckets) / math.log1p(-1.0 / buckets))
+
+
 def table_bytes(rows: int, dim: int, optimizer_states: int = 2) -> int:
     """Bytes of one float32 embedding table while training: ``rows x dim x 4 x (1 + states)``
     (Adam keeps 2 moment buffers, SGD without momentum 0).
@@ -389,30 +367,39 @@ def table_bytes(rows: int, dim: int, optimizer_states: int = 2) -> int:
     return int(rows) * int(dim) * 4 * (1 + int(optimizer_states))
 
 
-def table_report(schema, distinct: Mapping[str, tuple[float, bool]] | None = None) -> str:
-    """One line per categorical column: its policy, embedding rows and, for hashed columns with a
-    known train distinct count, the expected collision share; then the float32 bytes per
-    embedding dimension over all tables (``x dim``; ``x 3`` while training with Adam).
+def table_report(schema, distinct: Mapping[str, int] | None = None,
+                 buckets_used: Mapping[str, int] | None = None) -> str:
+    """One line per categorical column: its policy, embedding rows and what the fit saw; then the
+    float32 bytes per embedding dimension over all tables (``x dim``; ``x 3`` while training with
+    Adam).
 
     Args:
         schema: a fitted :class:`~hybridrank.data.schema.Schema`.
-        distinct: ``{column: (count, exact)}`` of distinct train values, where known.
+        distinct: ``{column: exact count}`` of distinct train values of vocabulary columns whose
+            policy drops some (the fit's value counts).
+        buckets_used: ``{column: buckets}`` of hashed columns: how many of the ``n`` buckets the
+            training values fall in; the line adds the distinct count this implies
+            (:func:`distinct_from_buckets`) and the expected share of values sharing a bucket.
     """
-    distinct = dict(distinct or {})
+    distinct, used = dict(distinct or {}), dict(buckets_used or {})
     lines, rows_total = [], 0
     for c, v in zip(schema.categorical, schema.vocab_sizes):
         p = schema.vocab_policy[c]
         rows_total += v + 1
-        d = distinct.get(c)
-        seen = "" if d is None else (f" of {d[0]:,.0f} distinct train values" if d[1] else
-                                     f" of ~{d[0]:,.0f} distinct train values (HyperLogLog, "
-                                     f"+-{DistinctSketch().rel_error:.1%})")
         if p.hashed:
-            line = f"{c}: hashed into {v:,} buckets{seen}, {v + 1:,} rows"
-            if d is not None:
-                line += (f"; expected share of values sharing a bucket "
-                         f"{collision_share(d[0], v):.1%}")
+            line = f"{c}: hashed into {v:,} buckets, {v + 1:,} rows"
+            if c in used:
+                k = used[c]
+                d = distinct_from_buckets(k, v)
+                if math.isinf(d):
+                    line += (f"; training values use all {v:,} buckets: they outnumber the buckets "
+                             f"(linear counting saturates), most values share a bucket")
+                else:
+                    line += (f"; training values use {k:,} of them, ~{d:,.0f} distinct values "
+                             f"(linear counting); expected share of values sharing a bucket "
+                             f"{collision_share(d, v):.1%}")
         else:
+            seen = f" of {distinct[c]:,} distinct train values" if c in distinct else ""
             rule = "" if p.keeps_all else f" (min_count {p.min_count}, max_size {p.max_size})"
             line = f"{c}: vocabulary of {v:,} values{seen}{rule}, {v + 1:,} rows"
         lines.append(line)

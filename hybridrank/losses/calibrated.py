@@ -21,7 +21,7 @@ from hybridrank.losses._core import (
     safe_div,
 )
 
-__all__ = ["LINKS", "SCOPES", "calibrated_softmax_loss", "rcr_loss", "jrc_loss"]
+__all__ = ["LINKS", "JRC_REDUCTION_SCOPES", "calibrated_softmax_loss", "rcr_loss", "jrc_loss"]
 
 
 LINKS = ("sigmoid", "exp")
@@ -150,7 +150,8 @@ def rcr_loss(
     return reduce_lists(per_list, valid, reduction)
 
 
-SCOPES = ("batch", "list")
+#: What JRC's generative term is averaged over (``reduction_scope``); not a pooling scope.
+JRC_REDUCTION_SCOPES = ("batch", "list")
 
 
 def jrc_loss(
@@ -205,8 +206,8 @@ def jrc_loss(
     0.6931
     """
     check_inputs(logits, labels, mask, weights, reduction, n_outputs=2)
-    if reduction_scope not in SCOPES:
-        raise ValueError(f"reduction_scope must be one of {SCOPES}, got {reduction_scope!r}")
+    if reduction_scope not in JRC_REDUCTION_SCOPES:
+        raise ValueError(f"reduction_scope must be one of {JRC_REDUCTION_SCOPES}, got {reduction_scope!r}")
     z, y, w, m = prepare(logits, labels, mask, weights, neg=True)
     c = (y > 0).to(z.dtype)  # click, 0 on padding
     z0, z1 = z[..., 0], z[..., 1]

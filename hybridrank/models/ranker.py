@@ -33,7 +33,7 @@ from hybridrank.models.scorers import column_tables, embedding_penalty, shift_cl
 __all__ = ["HybridRanker", "serve", "evaluate_logits", "evaluate_chunks"]
 
 #: Keys of the ``data`` hyper-parameter (what a model was trained on).
-DATA_KEYS = ("schema", "base_rate", "neg_keep_rate", "reweight_negatives")
+DATA_KEYS = ("schema", "base_rate", "neg_keep_rate", "reweight_negatives", "fingerprint")
 MAX_FIELD_VALUES = 100_000  # per calibration field (metrics.fields): sums per value are kept
 
 
@@ -110,7 +110,9 @@ class HybridRanker(pl.LightningModule):
             included), ``base_rate`` (train click rate, starts the output bias),
             ``neg_keep_rate`` (share of negatives the sampler kept) and ``reweight_negatives``
             (whether kept negatives were weighted ``1 / keep rate`` in the loss: then exports need
-            no down-sampling correction, docs/EXPORT.md).
+            no down-sampling correction, docs/EXPORT.md), ``fingerprint`` (the files and split
+            it was trained on, :mod:`hybridrank.data.fingerprint`: exports that re-read the
+            training data check it).
         config: the resolved run config, kept for provenance (exports copy it into their metadata).
         monitor: the metric a scheduler steps on.
         embedding_l2: weight of the L2 penalty on the embedding rows each batch uses
