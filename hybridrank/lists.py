@@ -38,6 +38,8 @@ class ListData:
         position: ``[N]`` int64 1-based display position, or None.
         bid: ``[N]`` float32 bid, or None.
         true_p: ``[N]`` float32 true click probability (simulated data only), or None.
+        explore: ``[N]`` bool, impressions of exploration (random-order) requests, or None.
+        propensity: ``[N]`` float32 logging propensity of the item in its slot, or None.
         request_key: ``[R]`` original request ids as a Python/polars sequence (for exports).
         item_key: ``[N]`` original item ids, or None.
         time: ``[R]`` int64 request time (seconds or any monotone unit), or None.
@@ -51,6 +53,8 @@ class ListData:
     position: torch.Tensor | None = None
     bid: torch.Tensor | None = None
     true_p: torch.Tensor | None = None
+    explore: torch.Tensor | None = None
+    propensity: torch.Tensor | None = None
     request_key: object | None = None
     item_key: object | None = None
     time: torch.Tensor | None = None
@@ -93,6 +97,7 @@ class Batch:
             adjacent, non-decreasing): what list-aware scorers attend within.
         weight: ``[B]`` per-impression weight (1 / keep-rate for down-sampled negatives), or None.
         position: ``[B]`` positions, or None.
+        explore, propensity: ``[B]`` exploration flags / logging propensities, or None.
     """
 
     num: torch.Tensor
@@ -106,6 +111,8 @@ class Batch:
     request: torch.Tensor | None = None
     weight: torch.Tensor | None = None
     position: torch.Tensor | None = None
+    explore: torch.Tensor | None = None
+    propensity: torch.Tensor | None = None
 
     def to(self, device: torch.device | str) -> Batch:
         moved = {
@@ -198,6 +205,7 @@ def slice_requests(data: ListData, r0: int, r1: int) -> ListData:
         offsets=data.offsets[r0:r1 + 1] - s,
         scope={k: v[r0:r1] for k, v in data.scope.items()},
         position=rows(data.position), bid=rows(data.bid), true_p=rows(data.true_p),
+        explore=rows(data.explore), propensity=rows(data.propensity),
         request_key=keys(data.request_key, r0, r1), item_key=keys(data.item_key, s, e),
         time=None if data.time is None else data.time[r0:r1],
     )

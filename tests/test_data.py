@@ -654,3 +654,48 @@ def test_export_of_a_split_refuses_changed_added_or_missing_training_files(glob_
     assert not (glob_run["tmp"] / "scores.parquet").exists()  # refused before any output
     # data=<option> reads other data on purpose: no check against the training fingerprint
     assert _export(glob_run, "split=test", "data=clicklog", f"data.source.path={a}")["n_rows"] > 0
+
+
+def test_split_val_by_hash_draws_validation_over_the_earlier_time_range():
+    from hybridrank.data.readers import ColumnMap
+    from hybridrank.data.sources import split_frame
+
+    n = 2000
+    frame = pl.DataFrame({"r": np.arange(n), "t": np.arange(n) * 10, "y": np.zeros(n)})
+    cm = ColumnMap(request="r", label="y", time="t")
+    tr_t, va_t, te_t = split_frame(frame, cm, by="time", key="request")
+    tr_h, va_h, te_h = split_frame(frame, cm, by="time", key="request", val_by="hash")
+    assert te_h["r"].to_list() == te_t["r"].to_list() == list(range(1600, 2000))  # latest 20 %
+    assert va_t["r"].to_list() == list(range(1400, 1600))                         # the block before
+    assert va_h.height == 200 and va_h["r"].max() < 1600
+    assert va_h["r"].min() < 200 and va_h["r"].max() > 1400      # spread over the whole range
+    assert sorted(tr_h["r"].to_list() + va_h["r"].to_list()) == list(range(1600))
+    again = split_frame(frame, cm, by="time", key="request", val_by="hash")[1]
+    assert again["r"].to_list() == va_h["r"].to_list()             # stable
+    with pytest.raises(ValueError, match="val_by='time' needs by='time'"):
+        split_frame(frame, cm, by="hash", key="request", val_by="time")
+
+
+def test_explore_and_propensity_roles_are_read_checked_and_batched():
+    """The exploration flag and the logging propensity travel from the log to every batch; bad
+    values are errors naming the column."""
+    from hybridrank.data.readers import ColumnMap, validate_frame
+    from hybridrank.data.sampler import ListDataset, collate  # noqa: F401  (the batch builder)
+    from hybridrank.data.schema import Schema
+
+    frame = pl.DataFrame({"r": [1, 1, 2, 2, 3], "y": [0.0, 1.0, 0.0, 0.0, 1.0], "x": [0.1, 0.2, 0.3, 0.4, 0.5],
+                          "pos": [1, 2, 1, 2, 1], "ex": [1, 1, 0, 0, 1], "pr": [0.5, 0.5, 0.9, 0.1, 1.0]})
+    cm = ColumnMap(request="r", label="y", position="pos", explore="ex", propensity="pr", numeric=["x"])
+    ok = validate_frame(frame, cm, label_max=1)
+    data = Schema.fit(ok, cm, 1).transform(ok)
+    assert data.explore.tolist() == [True, True, False, False, True]
+    assert data.propensity.tolist() == pytest.approx([0.5, 0.5, 0.9, 0.1, 1.0])
+    part = data.chunks(2)
+    first = next(iter(part))
+    assert first.explore.tolist() == [True, True] and first.propensity.tolist() == pytest.approx([0.5, 0.5])
+    with pytest.raises(ValueError, match="explore 'ex' differs within 1 request"):
+        validate_frame(frame.with_columns(pl.Series("ex", [1, 0, 0, 0, 1])), cm, label_max=1)
+    with pytest.raises(ValueError, match="explore 'ex' missing or not 0/1"):
+        validate_frame(frame.with_columns(pl.Series("ex", [2, 2, 0, 0, 1])), cm, label_max=1)
+    with pytest.raises(ValueError, match=r"propensity 'pr' missing or outside \(0, 1\]"):
+        validate_frame(frame.with_columns(pl.Series("pr", [0.5, 0.5, 0.0, 0.1, 1.0])), cm, label_max=1)

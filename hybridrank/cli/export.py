@@ -60,7 +60,8 @@ __all__ = ["export", "evaluate", "export_main", "eval_main", "prepare", "load_mo
 log = logging.getLogger(__name__)
 
 SPLITS = ("train", "val", "test")
-_OPTIONAL_ROLES = ("session", "user", "time", "position", "item", "bid", "true_p")
+_OPTIONAL_ROLES = ("session", "user", "time", "position", "item", "bid", "true_p", "explore",
+                   "propensity")
 
 
 def load_model(path: str | Path) -> HybridRanker:

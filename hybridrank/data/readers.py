@@ -28,7 +28,7 @@ log = logging.getLogger(__name__)
 SOURCE_FILE = "_source_file"
 SOURCE_ROW = "_source_row"
 
-_NUMERIC_KINDS = ("label", "bid", "true_p")
+_NUMERIC_KINDS = ("label", "bid", "true_p", "explore", "propensity")
 
 #: Default of ``max_request_span`` (seconds): one request id's rows further apart in time than
 #: this are a recycled id, not one page.
@@ -53,6 +53,11 @@ class ColumnMap:
         item: optional item id (kept as ``item_key`` for exports).
         bid: optional bid (for eCPM = bid x pCTR).
         true_p: optional true click probability (simulated data).
+        explore: optional 0/1 (or boolean) column marking impressions of exploration requests,
+            shown in random order (constant within a request): a position-bias tower estimates
+            its offsets from them (docs/EXPORT.md, "Position bias").
+        propensity: optional probability, in ``(0, 1]``, that the logging policy put the item in
+            its slot: a position-bias tower weights its offsets' sums by its inverse.
         numeric: numeric feature columns (standardised with train statistics).
         categorical: categorical feature columns (vocabulary from train, 0 = out of vocabulary).
         request_time_bucket: seconds; when set, the request id is ``request`` x ``floor(time /
@@ -68,6 +73,8 @@ class ColumnMap:
     item: str | None = None
     bid: str | None = None
     true_p: str | None = None
+    explore: str | None = None
+    propensity: str | None = None
     numeric: list[str] = field(default_factory=list)
     categorical: list[str] = field(default_factory=list)
     request_time_bucket: int | None = None
@@ -97,7 +104,8 @@ class ColumnMap:
     def source_columns(self) -> list[str]:
         """Every mapped column name, each once, in a stable order."""
         names = [*self.request_columns, self.label, self.session, self.user, self.time,
-                 self.position, self.item, self.bid, self.true_p, *self.numeric, *self.categorical]
+                 self.position, self.item, self.bid, self.true_p, self.explore, self.propensity,
+                 *self.numeric, *self.categorical]
         return list(dict.fromkeys(n for n in names if n is not None))
 
     def to_dict(self) -> dict:
@@ -262,7 +270,7 @@ def scan_clicklog(files: list[str], columns: ColumnMap, *, pattern: str = "",
         lf = pl.scan_parquet(files, include_file_paths=SOURCE_FILE)
     else:
         text_roles = [*columns.numeric, columns.label, columns.position, columns.bid,
-                      columns.true_p, columns.time]
+                      columns.true_p, columns.explore, columns.propensity, columns.time]
         lf = pl.scan_csv(files, include_file_paths=SOURCE_FILE, infer_schema_length=10_000,
                          schema_overrides={c: pl.String for c in text_roles if c is not None})
     existing = [c for c in lf.collect_schema().names() if c != SOURCE_FILE]
@@ -413,6 +421,21 @@ def validate_frame(frame: pl.DataFrame, columns: ColumnMap, *, label_max: float,
         p = frame[columns.true_p]
         fail((p.is_null() | p.is_nan() | (p < 0) | (p > 1)).fill_null(True),
              f"true_p {columns.true_p!r} missing or outside [0, 1]", columns.true_p)
+    if columns.explore is not None:
+        x = frame[columns.explore].cast(pl.Float64, strict=False)
+        fail((x.is_null() | ~x.is_in([0.0, 1.0])).fill_null(True),
+             f"explore {columns.explore!r} missing or not 0/1", columns.explore)
+        mixed = (frame.with_columns(request_key_expr(columns).alias("__rk"))
+                 .group_by("__rk").agg(pl.col(columns.explore).n_unique().alias("__n"))
+                 .filter(pl.col("__n") > 1))
+        if mixed.height:
+            raise ValueError(f"{name}: explore {columns.explore!r} differs within {mixed.height} "
+                             f"request(s) (e.g. {mixed['__rk'][0]!r}): it marks whole requests "
+                             f"shown in random order")
+    if columns.propensity is not None:
+        q = frame[columns.propensity].cast(pl.Float64, strict=False)
+        fail((q.is_null() | q.is_nan() | (q <= 0) | (q > 1)).fill_null(True),
+             f"propensity {columns.propensity!r} missing or outside (0, 1]", columns.propensity)
     if columns.time is not None:
         fail(frame[columns.time].is_null(), f"time {columns.time!r} has missing values",
              columns.time)

@@ -358,6 +358,8 @@ def collate(data: ListData, requests: torch.Tensor, units: torch.Tensor | None =
         num=data.num[rows], cat=data.cat[rows], label=label,
         index=index, mask=mask, rank_index=rank_index, rank_mask=rank_mask, rows=rows,
         request=req_of_row, weight=weight, position=None if data.position is None else data.position[rows],
+        explore=None if data.explore is None else data.explore[rows],
+        propensity=None if data.propensity is None else data.propensity[rows],
     )
 
 

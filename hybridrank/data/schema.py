@@ -238,6 +238,8 @@ class Schema:
             cat=torch.from_numpy(np.ascontiguousarray(cat, dtype=np.int64)),
             bid=_rows_tensor(df, cm.bid, torch.float32),
             true_p=_rows_tensor(df, cm.true_p, torch.float32),
+            explore=None if cm.explore is None else _rows_tensor(df, cm.explore, torch.float32) > 0,
+            propensity=_rows_tensor(df, cm.propensity, torch.float32),
             item_key=df[cm.item] if cm.item is not None else None,
         )
         return data, {"oov": oov}

@@ -96,7 +96,7 @@ class Splits(NamedTuple):
 # Splits
 # ----------------------------------------------------------------------------------------------
 def split_frame(frame: pl.DataFrame, columns: ColumnMap, *, by: str = "time", val: float = 0.1,
-                test: float = 0.2, key: str = "session", seed: int = 0,
+                test: float = 0.2, key: str = "session", seed: int = 0, val_by: str | None = None,
                 ) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame]:
     """Split a click-log frame into train / val / test without cutting any request.
 
@@ -107,10 +107,21 @@ def split_frame(frame: pl.DataFrame, columns: ColumnMap, *, by: str = "time", va
         val, test: fractions of keys (not rows).
         key: ``"request"``, ``"session"`` or ``"user"``; session / user must be mapped, and every
             request must sit in one key (checked).
-        seed: hash seed (``by="hash"`` only).
+        seed: hash seed (``by="hash"``, ``val_by="hash"``).
+        val_by: how the validation keys are drawn from the keys that are not test (default: as
+            ``by``). With ``by="time"``, ``val_by="hash"`` keeps the latest keys as test and draws
+            validation at random over the whole earlier time range, instead of the block just
+            before test: validation (early stopping, and the calibration split of exports) then
+            looks like the training period on average rather than like its last days.
     """
     if by not in ("time", "hash"):
         raise ValueError(f"split.by must be 'time' or 'hash', got {by!r}")
+    val_by = by if val_by is None else val_by
+    if val_by not in ("time", "hash"):
+        raise ValueError(f"split.val_by must be 'time' or 'hash', got {val_by!r}")
+    if by == "hash" and val_by == "time":
+        raise ValueError("split.val_by='time' needs by='time' (a time block of validation keys "
+                         "before a hashed test split would not be 'the latest before test')")
     if not (0 <= val and 0 <= test and val + test < 1):
         raise ValueError(f"split fractions need val, test >= 0 and val + test < 1, "
                          f"got {val}, {test}")
@@ -140,8 +151,13 @@ def split_frame(frame: pl.DataFrame, columns: ColumnMap, *, by: str = "time", va
         k = keys.height
         n_test, n_val = int(round(test * k)), int(round(val * k))
         part = np.zeros(k, dtype=np.int8)
-        part[k - n_test - n_val: k - n_test] = 1
         part[k - n_test:] = 2
+        if val_by == "time":
+            part[k - n_test - n_val: k - n_test] = 1
+        elif n_val:
+            # the n_val non-test keys with the smallest hash: a stable random draw over time
+            h = stable_hash(keys["__key"][: k - n_test], seed)
+            part[np.argsort(h, kind="stable")[:n_val]] = 1
     else:
         u = (stable_hash(keys["__key"], seed) % np.uint64(10_000)).astype(np.float64) / 10_000
         part = np.where(u < test, 2, np.where(u < test + val, 1, 0)).astype(np.int8)
@@ -159,9 +175,9 @@ _DEFAULT_SPLIT = {"by": "time", "val": 0.1, "test": 0.2, "key": "session"}
 
 def _split_args(split: Mapping | None) -> dict:
     d = dict(_DEFAULT_SPLIT if split is None else split)
-    unknown = sorted(set(d) - {"by", "val", "test", "key", "seed"})
+    unknown = sorted(set(d) - {"by", "val", "test", "key", "seed", "val_by"})
     if unknown:
-        raise ValueError(f"unknown split options {unknown}; valid: by, val, test, key, seed")
+        raise ValueError(f"unknown split options {unknown}; valid: by, val, test, key, seed, val_by")
     return d
 
 
