@@ -89,16 +89,19 @@ def _columns(world: World, position_feature: bool) -> dict[str, Any]:
 
 def _overrides(world: World, path: Path, position_feature: bool) -> list[str]:
     cols = _columns(world, position_feature)
+    # exploration traffic marked in the log is mapped, as a user with such traffic would
+    cols["explore"] = world.extra.get("explore")
     out = ["data=clicklog", f"data.source.path={path}", "intervals.n_boot=0"]
-    for key in ("request", "label", "session", "user", "time", "position", "item", "bid", "true_p"):
+    for key in ("request", "label", "session", "user", "time", "position", "item", "bid", "true_p",
+                "explore"):
         out.append(f"data.source.columns.{key}={cols[key] if cols[key] is not None else 'null'}")
     out.append("data.source.columns.numeric=[" + ",".join(cols["numeric"]) + "]")
     out.append("data.source.columns.categorical=[" + ",".join(cols["categorical"]) + "]")
     return out
 
 
-def prepare_world(seed: int, size: str, work: Path) -> dict[str, Any]:
-    world = simulate_world(draw_world(seed, size=size))
+def prepare_world(seed: int, size: str, work: Path, pins: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    world = simulate_world(draw_world(seed, size=size, **dict(pins or {})))
     wdir = work / f"world{seed}"
     wdir.mkdir(parents=True, exist_ok=True)
     world.write(wdir)
@@ -344,6 +347,16 @@ def aggregate(results: Sequence[Mapping[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def _pin(text: str) -> tuple[str, Any]:
+    key, _, value = text.partition("=")
+    for cast in (int, float):
+        try:
+            return key, cast(value)
+        except ValueError:
+            pass
+    return key, {"true": True, "false": False}.get(value.lower(), value)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--worlds", type=int, default=24)
@@ -355,6 +368,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=ROOT / "results" / "generalization.json")
     ap.add_argument("--keep", type=Path, default=None, help="keep the worlds and runs here")
     ap.add_argument("--extra", nargs="*", default=[], help="hydra overrides for every run")
+    ap.add_argument("--pin", nargs="*", default=[], metavar="FIELD=VALUE",
+                    help="pin world fields (draw_world keywords), e.g. logging=random")
+    ap.add_argument("--explore-shares", default=None,
+                    help="confounded-logging family: worlds sorted by a noisy relevance estimate, "
+                         "each with the next of these exploration shares (e.g. 0,0.01,0.05,0.1), "
+                         "the exploration requests marked in a column")
     a = ap.parse_args(argv)
     variants = [v.strip() for v in a.variants.split(",") if v.strip()]
     unknown = [v for v in variants if v not in VARIANTS]
@@ -364,9 +383,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     t_all = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
         work = a.keep or Path(tmp)
-        for seed in range(a.seed0, a.seed0 + a.worlds):
+        pins = dict(_pin(x) for x in a.pin)
+        shares = [float(x) for x in a.explore_shares.split(",")] if a.explore_shares else None
+        for i, seed in enumerate(range(a.seed0, a.seed0 + a.worlds)):
             t0 = time.perf_counter()
-            w = prepare_world(seed, a.size, work)
+            world_pins = dict(pins)
+            if shares is not None:
+                world_pins.update(logging="sorted", explore_share=shares[i % len(shares)], mark_explore=True)
+            w = prepare_world(seed, a.size, work, world_pins)
             runs = train_variants(w, variants, a.timeout, a.extra)
             t_train = time.perf_counter() - t0
             scratch = w["dir"] / "scores"

@@ -248,10 +248,16 @@ def position_bias_info(model: HybridRanker) -> dict | None:
     tower = model.position_bias
     if tower is None:
         return None
-    return {**tower.report(),
-            "note": "pctr is the click probability at reference_position; at slot j an auction's "
-                    "expected CTR is sigmoid(logit(pctr) + logit_offsets[j - 1]) (positions above "
-                    "max_position share its offset)"}
+    report = tower.report()
+    note = ("pctr is the click probability at reference_position; at slot j an auction's expected "
+            "CTR is sigmoid(logit(pctr) + logit_offsets[j - 1]) (positions above max_position share "
+            "its offset)")
+    ident = report.get("identifiability") or {}
+    if ident.get("identified") is False:
+        note += ("; WARNING: the position effect is NOT identified by the training log, so this "
+                 "position-free pctr rests on an assumption: " + ident["verdict"])
+        log.warning("position effect %s", ident["verdict"])
+    return {**report, "note": note}
 
 
 # ----------------------------------------------------------------------------------------------

@@ -274,6 +274,9 @@ def format_offsets(report: Mapping[str, Any], max_rows: int = 10) -> str:
     if report.get("last_change") is not None:
         lines.append(f"  {report['updates']} updates; the last moved an offset by at most "
                      f"{report['last_change']:.4f}")
+    ident = report.get("identifiability") or {}
+    if ident.get("verdict"):
+        lines.append(f"  position effect {ident['verdict']}")
     return "\n".join(lines)
 
 
