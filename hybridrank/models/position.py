@@ -315,8 +315,18 @@ class PositionBias(nn.Module):
             reps = raw + (bstep - step) - (bstep[:, ref:ref + 1] - step[ref])
             self.boot_offset.copy_(torch.stack([self._fill_unseen(self._shape(r, info, est), est)
                                                 for r in reps]))
-        if identifying:  # the level is left to the gradient steps on all the data
+        if identifying:
+            # the offsets came from the identifying traffic; the relevance intercept's step is
+            # the one that matches predicted to observed clicks over ALL the data once the
+            # offsets have moved (each slot's predicted clicks scaled by exp(its change), the
+            # small-rate form of the update)
+            moved = sums[1] * torch.exp(new - old)
+            y_all, n_all = float(sums[0].sum()), float(sums[2].sum())
+            p_all = float(moved.sum())
+            level = (math.log((y_all + _PSEUDO) / (n_all - y_all + _PSEUDO))
+                     - math.log((p_all + _PSEUDO) / max(n_all - p_all + _PSEUDO, _PSEUDO)))
             step = torch.zeros_like(step)
+            step[ref] = level
         self.mode.fill_(int(self.x_kind) if identifying else 0)
         self.diag[1] = diag
         self.diag[0] = 0
