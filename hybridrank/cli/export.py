@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import json
 import logging
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -30,7 +31,8 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from hybridrank.atomic import check_writable
-from hybridrank.cli.train import CONF_DIR
+from hybridrank.cli._app import cli_errors, hydra_job, quiet_third_party
+from hybridrank.cli.train import CONF_DIR, ONE_SIDED_MARK, OUTSIDE_MARK, interval_cell
 from hybridrank.lists import ListData
 from hybridrank.metrics.report import calibration_summary, write_report
 from hybridrank.metrics.uncertainty import split_intervals
@@ -52,7 +54,7 @@ from hybridrank.serving.export import (
 )
 
 __all__ = ["export", "evaluate", "export_main", "eval_main", "prepare", "load_model",
-           "input_chunks"]
+           "resolve_checkpoint", "input_chunks"]
 
 log = logging.getLogger(__name__)
 
@@ -63,14 +65,24 @@ _OPTIONAL_ROLES = ("session", "user", "time", "position", "item", "bid", "true_p
 def load_model(path: str | Path) -> HybridRanker:
     """``HybridRanker.load_from_checkpoint`` on CPU in eval mode, with errors that say what is wrong.
 
+    ``path`` is a checkpoint file, or a ``hybridrank-train`` output folder (its best checkpoint,
+    as named in its ``metrics.json``).
+
     Raises:
-        FileNotFoundError: no such file. ValueError: not a checkpoint written by
-        ``hybridrank-train`` (hyper-parameters missing).
+        FileNotFoundError: no such file. ValueError: not a checkpoint (another kind of file, named),
+        or not one written by ``hybridrank-train`` (hyper-parameters missing).
     """
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"checkpoint not found: {path}")
-    head = torch.load(path, map_location="cpu", weights_only=True)
+    path = resolve_checkpoint(path)
+    _check_checkpoint_file(path)
+    try:
+        head = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # a damaged file or a checkpoint holding arbitrary Python objects
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ValueError(f"{path} is not a readable hybridrank checkpoint ({type(e).__name__}: "
+                         f"{first[:200]})") from e
+    if not isinstance(head, dict):
+        raise ValueError(f"{path} is not a hybridrank checkpoint: it holds a "
+                         f"{type(head).__name__}, not a Lightning checkpoint")
     hp = head.get("hyper_parameters") or {}
     missing = [k for k in ("scorer", "loss", "data") if not hp.get(k)]
     if missing or "state_dict" not in head:
@@ -80,6 +92,50 @@ def load_model(path: str | Path) -> HybridRanker:
     del head
     model = HybridRanker.load_from_checkpoint(path, map_location="cpu", weights_only=True)
     return model.eval()
+
+
+def resolve_checkpoint(path: str | Path) -> Path:
+    """A checkpoint file as given, or the best checkpoint of a ``hybridrank-train`` run folder."""
+    path = Path(path)
+    if path.is_dir():
+        metrics = path / "metrics.json"
+        if not metrics.is_file():
+            raise FileNotFoundError(f"checkpoint={path} is a folder without metrics.json: give a "
+                                    f"checkpoint file or a finished hybridrank-train run folder")
+        best = json.loads(metrics.read_text()).get("best_checkpoint")
+        if not best:
+            raise ValueError(f"{metrics} names no best checkpoint (a run with callbacks=none "
+                             f"keeps none)")
+        # the run folder may have moved since: look in its own checkpoints/ too
+        candidates = [Path(best), path / "checkpoints" / Path(best).name]
+        found = next((c for c in candidates if c.is_file()), None)
+        if found is None:
+            raise FileNotFoundError(f"the best checkpoint of {path} ({Path(best).name}) is missing")
+        return found
+    if not path.is_file():
+        raise FileNotFoundError(f"checkpoint not found: {path}")
+    return path
+
+
+#: leading bytes of files that get passed as checkpoints by mistake
+_MAGIC = {b"PAR1": "a parquet file", b"\x89PNG": "a PNG image", b"\x7fELF": "an executable",
+          b"\x1f\x8b": "a gzip file", b"{": "a JSON file", b"ONNX": "an ONNX model"}
+
+
+def _check_checkpoint_file(path: Path) -> None:
+    """Refuse files that cannot be a torch checkpoint before ``torch.load`` reads them (its
+    error on such files suggests ``weights_only=False``: advice that does not apply here)."""
+    with open(path, "rb") as f:
+        head = f.read(8)
+    if head.startswith(b"PK\x03\x04") or head[:1] == b"\x80":  # torch's zip / legacy pickle
+        return
+    kind = next((what for magic, what in _MAGIC.items() if head.startswith(magic)), None)
+    if kind is None:
+        kind = "an empty file" if not head else (
+            "a text file" if all(32 <= b < 127 or b in (9, 10, 13) for b in head) else
+            "not a torch file")
+    raise ValueError(f"{path} is not a checkpoint ({kind}); give a .ckpt file written by "
+                     f"hybridrank-train (RUN_DIR/checkpoints/epochNN.ckpt) or its run folder")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -158,8 +214,7 @@ def prepare(cfg: DictConfig) -> Prepared:
         z = z + shift
         if isinstance(calibrator, AutoCalibrator):
             calibrator.fit(z, y, groups=groups)
-            log.info("calibrator auto chose %s: %s", calibrator.chosen.name,
-                     calibrator.decision["candidates"])
+            log.info("calibrator=auto: %s", decision_line(calibrator.decision))
         else:
             calibrator.fit(z, y)
         bins = int(cfg.get("bins", 15))
@@ -440,33 +495,83 @@ def _summary_line(name: str, s: Mapping[str, Any]) -> str:
     return f"| {name} | {s['logloss']:.5f} | {s['ece']:.5f} | {pc} |"
 
 
+def decision_line(decision: Mapping[str, Any]) -> str:
+    """``calibrator=auto``'s decision as one readable line (the figures are in the metadata).
+
+    >>> decision_line({"chosen": "none",  # doctest: +ELLIPSIS "rule": "improvement > 2 x se, 5 folds by request",
+    ...                "requests": 2298, "candidates": {"none": {"cv_logloss": 0.13},
+    ...                "platt": {"improvement": -1e-05, "se": 2e-05, "passes": False}}})
+    'kept no calibrator (the identity): held-out log-loss improvement platt -0.00001 ± 0.00002; ...'
+    """
+    chosen = decision.get("chosen", "none")
+    parts = []
+    for name, r in (decision.get("candidates") or {}).items():
+        if name == "none":
+            continue
+        if "error" in r:
+            parts.append(f"{name} failed ({r['error']})")
+        else:
+            parts.append(f"{name} {r['improvement']:+.5f} ± {r['se']:.5f}"
+                         + (" (passes)" if r.get("passes") else ""))
+    kept = "no calibrator (the identity)" if chosen == "none" else chosen
+    requests = decision.get("requests")
+    return (f"kept {kept}: held-out log-loss improvement {', '.join(parts) or 'none tried'}; "
+            f"rule: {decision.get('rule', '?')}"
+            + (f", {requests:,} requests" if isinstance(requests, int) else ""))
+
+
+def correction_line(c: Mapping[str, Any]) -> str:
+    """The negative-downsampling correction in words."""
+    how = "applied" if c.get("applied") else "not applied"
+    return (f"negative-downsampling correction ({c.get('mode')}): {how}; keep rate "
+            f"{c.get('neg_keep_rate'):.4g}, negatives re-weighted in training: "
+            f"{'yes' if c.get('reweight_negatives') else 'no'}")
+
+
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="export")
+@hydra_job
 def _export_hydra(cfg: DictConfig) -> None:
-    result = export(cfg)
-    print(f"wrote {result['n_rows']} rows to {result['output']}")
+    with quiet_third_party():
+        result = export(cfg)  # logs "wrote N rows to PATH"
     fit = result["calibration_fit"]
     if fit:
         print(f"calibrator fitted on the {fit['split']} split:")
         print("| | logloss | ECE | PCOC |\n|---|---|---|---|")
         print(_summary_line("before", fit["before"]))
         print(_summary_line("after", fit["after"]))
-    print(f"correction: {result['correction']}")
+    print(correction_line(result["correction"]))
     for kind, path in result["portable"].items():
         print(f"{kind}: {path}")
 
 
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="eval")
+@hydra_job
 def _eval_hydra(cfg: DictConfig) -> None:
-    result = evaluate(cfg)
+    with quiet_third_party():
+        result = evaluate(cfg)
     iv = result.get("intervals")
     if iv:
         cols = tuple(next(iter(iv["rows"].values())))
         print(f"| {result['split']} split | " + " | ".join(cols) + " |\n" + "|---" * (len(cols) + 1)
               + "|")
+        feet: dict[str, list[str]] = {}
         for name, row in iv["rows"].items():
-            cells = [f"{v[0]:.4f} [{v[1]:.4f}, {v[2]:.4f}]" if v[1] is not None else
-                     ("n/a" if v[0] is None else f"{v[0]:.4f}") for v in (row[c] for c in cols)]
+            cells = []
+            for c in cols:
+                note = iv.get("notes", {}).get(name, {}).get(c, "")
+                text, foot = interval_cell(c, *row[c], note)
+                cells.append(text)
+                if foot:
+                    feet.setdefault(foot, []).append(f"{name} {c}")
             print(f"| {name} | " + " | ".join(cells) + " |")
+        for foot, where in feet.items():
+            if foot == ONE_SIDED_MARK:
+                print(f"{foot} ECE is >= 0 and biased upwards: a point below its percentile "
+                      f"interval gets the one-sided [0, upper] ({', '.join(where)})")
+            elif foot == OUTSIDE_MARK:
+                print(f"{foot} point outside its percentile interval ({', '.join(where)})")
+            else:
+                print(f"[no interval] {', '.join(where)}: {foot}")
         for name, row in iv["paired"].items():
             d = row["logloss"]
             print(f"{name} - before, log loss: {d['diff']:+.5f} [{d['lower']:+.5f}, "
@@ -481,11 +586,13 @@ def _eval_hydra(cfg: DictConfig) -> None:
         print(f"{kind}: {path}")
 
 
+@cli_errors("hybridrank-export")
 def export_main() -> None:
     """Console script ``hybridrank-export``."""
     _export_hydra()
 
 
+@cli_errors("hybridrank-eval")
 def eval_main() -> None:
     """Console script ``hybridrank-eval``."""
     _eval_hydra()
