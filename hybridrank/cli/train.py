@@ -90,6 +90,7 @@ def train(cfg: DictConfig, *, splits=None) -> dict[str, Any]:
     metrics without training (``already_finished: True``).
     """
     t0 = time.perf_counter()
+    warn_deprecated_names(cfg)
     out_dir = Path(cfg.paths.output_dir)
     ckpt_path = resume_checkpoint(cfg, out_dir)
     if cfg.get("resume"):
@@ -142,6 +143,17 @@ def train(cfg: DictConfig, *, splits=None) -> dict[str, Any]:
 
 
 RESUME_CONFIG = "resume_config.yaml"
+
+
+def warn_deprecated_names(cfg: DictConfig) -> list[str]:
+    """Warn about deprecated config option names (``conf/loss/listmle.yaml`` and the other old
+    names record themselves in ``deprecated_names``); returns the warnings."""
+    names = cfg.get("deprecated_names") or {}
+    out = [f"{old} is deprecated: use {new} (the same config under a name that says what it is)"
+           for old, new in names.items()]
+    for line in out:
+        log.warning(line)
+    return out
 
 
 def resume_checkpoint(cfg: DictConfig, out_dir: Path) -> str | None:
