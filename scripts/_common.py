@@ -111,13 +111,13 @@ def write_docs(args, sections: Mapping[str, str], *, failures: Sequence[str] = (
     """Rewrite the ``sections`` of docs/BENCHMARKS.md when ``--write-docs`` was given and the run
     had no failed row; otherwise say that the docs were left as they are."""
     if not getattr(args, "write_docs", False):
-        print(f"{DOCS.relative_to(ROOT)} not touched (--write-docs rewrites it after a complete run)")
+        print("docs/BENCHMARKS.md not touched (--write-docs rewrites it after a complete run)")
         return
     if failures:
         raise SystemExit(f"--write-docs: not written, {len(failures)} row(s) failed: "
                          f"{', '.join(failures)}")
     for name, body in sections.items():
-        write_section(name, body)
+        write_section(name, body, path=DOCS)
     print(f"updated {DOCS}")
 
 

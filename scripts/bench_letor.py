@@ -235,11 +235,11 @@ def main(argv: list[str] | None = None) -> None:
         (set(args.models) != set(LGBM_MODELS + HYBRID_MODELS), "not every model"),
         (bool(args.overrides), f"overrides {args.overrides}")] if bad])
 
+    leak_models = ["lgbm_lambdarank", args.leak_model] if args.tutorial_leak else []
+    C.require_lightgbm([*args.models, *leak_models])
     torch.set_num_threads(args.threads)
     C.quiet()
     C.data_root()
-    leak_models = [m for m in ("lgbm_lambdarank", args.leak_model)] if args.tutorial_leak else []
-    C.require_lightgbm([*args.models, *leak_models])
     t_start = time.perf_counter()
     results: dict = {"folds": {}, "config": {"models": args.models, "overrides": args.overrides,
                                              "experiment": "letor", "machine": C.machine()}}

@@ -228,10 +228,10 @@ def main(argv: list[str] | None = None) -> None:
     if args.quick:
         args.folds, args.n_boot = "1", min(args.n_boot, 200)
     args.out = args.out or str(C.RESULTS / ("real_quick.json" if args.quick else "real.json"))
+    C.require_lightgbm(args.models)
     torch.set_num_threads(args.threads)
     C.quiet()
     C.data_root()
-    C.require_lightgbm(args.models)
     runs = [(m, None) for m in args.models if m in LGBM] + [
         (m, loss) for loss in args.losses for m in args.models if m in HYBRID]
     names = [f"{m}|{loss}" if loss else m for m, loss in runs]

@@ -204,3 +204,28 @@ def test_console_scripts_print_one_message(tmp_path, prog, args, needle, parquet
     assert p.returncode == 2, p.stderr
     assert "Traceback" not in p.stderr and needle in p.stderr.splitlines()[0], p.stderr
     assert not (tmp_path / "outputs").exists()
+
+
+NOISE = ("💡 Tip", "litlogger", "LeafSpec", "index_reduce", "sync_dist", "Traceback",
+         "is powered by Hydra")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("trainer", ["cpu", "ddp_cpu"])
+def test_console_is_quiet(tmp_path, trainer):
+    """A default run prints none of our own warnings and none of the third-party noise we cause:
+    Lightning's tip advert, torch's LeafSpec deprecation (raised by Lightning), index_reduce's beta
+    warning, and under DDP one sync_dist warning per logged metric."""
+    exe = Path(sys.executable).with_name("hybridrank-train")
+    if not exe.exists():
+        pytest.skip("hybridrank-train is not installed in this environment (pip install -e .)")
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONWARNINGS",)}
+    env["OMP_NUM_THREADS"] = "1"
+    p = subprocess.run([str(exe), f"trainer={trainer}", "data.source.n_users=150",
+                        "trainer.max_epochs=1", "intervals.n_boot=0", "hydra.run.dir=run"],
+                       cwd=tmp_path, capture_output=True, text=True, timeout=900, env=env)
+    text = p.stdout + p.stderr
+    assert p.returncode == 0, text[-4000:]
+    assert "this model" in p.stdout
+    found = [n for n in NOISE if n in text]
+    assert not found, (found, text[-4000:])

@@ -102,3 +102,14 @@ def test_metrics_json_reports_the_kept_checkpoint_epoch(tmp_path, compose_cfg):
     assert saved["optimized_metric"] == pytest.approx(losses[best_epoch], abs=1e-6)
     assert Path(result["best_checkpoint"]).name == f"epoch{best_epoch:02d}.ckpt"
     assert int(torch.load(result["best_checkpoint"], weights_only=True)["epoch"]) == best_epoch - 1
+
+
+@pytest.mark.slow
+def test_progress_bar_counts_epochs_from_one(tmp_path, compose_cfg, capfd):
+    from hybridrank.cli.train import train
+
+    train(compose_cfg("config", f"paths.output_dir={tmp_path}", "data.source.n_users=60",
+                      "trainer.max_epochs=2", "trainer.enable_progress_bar=true", "intervals.n_boot=0"))
+    out = "".join(capfd.readouterr())  # Lightning's bar writes to stdout
+    assert "Epoch 1:" in out and "Epoch 2:" in out, out[-2000:]
+    assert "Epoch 0:" not in out

@@ -261,6 +261,15 @@ class _DropAdverts(logging.Filter):
 _ADVERTS = _DropAdverts()
 
 
+def drop_adverts() -> None:
+    """Filter Lightning's tip adverts out of its logger (idempotent)."""
+    for name in ("pytorch_lightning.utilities.rank_zero", "lightning_fabric.utilities.rank_zero",
+                 "lightning.pytorch.utilities.rank_zero", "lightning_utilities.core.rank_zero"):
+        logger = logging.getLogger(name)
+        if _ADVERTS not in logger.filters:
+            logger.addFilter(_ADVERTS)
+
+
 @contextlib.contextmanager
 def quiet_third_party() -> Iterator[None]:
     """Silence third-party messages that say nothing about the user's run.
@@ -271,11 +280,7 @@ def quiet_third_party() -> Iterator[None]:
 
     Warnings are filtered only inside the block; the advert filter stays on Lightning's logger.
     """
-    for name in ("pytorch_lightning.utilities.rank_zero", "lightning_fabric.utilities.rank_zero",
-                 "lightning.pytorch.utilities.rank_zero", "lightning_utilities.core.rank_zero"):
-        logger = logging.getLogger(name)
-        if _ADVERTS not in logger.filters:
-            logger.addFilter(_ADVERTS)
+    drop_adverts()
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=r".*LeafSpec.* is deprecated", category=FutureWarning)
         yield

@@ -7,6 +7,7 @@
   turns the bar off there).
 - :class:`EpochCheckpoint`: Lightning's ``ModelCheckpoint`` with 1-based epochs in file names
   (``epoch01.ckpt`` is the first epoch, as in the log lines).
+- :class:`EpochProgressBar`: Lightning's progress bar, counting epochs from 1.
 - :class:`ValHistory`: every epoch's validation metrics, kept in the checkpoints, so that
   ``metrics.json`` reports the epoch of the checkpoint the run keeps, across resumes too.
 - :class:`CSVHistoryLogger`: Lightning's ``CSVLogger`` whose ``metrics.csv`` survives a resume.
@@ -23,12 +24,12 @@ from pathlib import Path
 from typing import Any
 
 import pytorch_lightning as pl
-from pytorch_lightning.callbacks import ModelCheckpoint
+from pytorch_lightning.callbacks import ModelCheckpoint, TQDMProgressBar
 from pytorch_lightning.loggers import CSVLogger
 from pytorch_lightning.loggers.csv_logs import ExperimentWriter
 from pytorch_lightning.loggers.logger import rank_zero_experiment
 
-__all__ = ["EpochLog", "EpochCheckpoint", "ValHistory", "CSVHistoryLogger"]
+__all__ = ["EpochLog", "EpochCheckpoint", "EpochProgressBar", "ValHistory", "CSVHistoryLogger"]
 
 log = logging.getLogger("hybridrank")
 
@@ -149,3 +150,18 @@ class CSVHistoryLogger(CSVLogger):
             self._fs.makedirs(self.root_dir, exist_ok=True)
             self._experiment = _AppendingWriter(log_dir=self.log_dir)
         return super().experiment
+
+
+class EpochProgressBar(TQDMProgressBar):
+    """Lightning's progress bar with the epoch counted from 1 (``Epoch 1`` is the first), as the
+    log lines, checkpoint names and ``metrics.csv`` count."""
+
+    def on_train_epoch_start(self, trainer: pl.Trainer, *args: Any) -> None:
+        # Lightning's method with the description shifted (calling it would draw "Epoch 0" once)
+        if self._leave:
+            self.train_progress_bar = self.init_train_tqdm()
+        total = self.total_train_batches
+        self.train_progress_bar.reset()
+        self.train_progress_bar.total = None if total == float("inf") else total
+        self.train_progress_bar.initial = 0
+        self.train_progress_bar.set_description(f"Epoch {trainer.current_epoch + 1}")

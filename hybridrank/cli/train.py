@@ -17,8 +17,8 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from hybridrank.atomic import write_json, write_text
-from hybridrank.cli._app import cli_errors, hydra_job, quiet_third_party
-from hybridrank.cli.callbacks import CSVHistoryLogger, ValHistory
+from hybridrank.cli._app import cli_errors, drop_adverts, hydra_job, quiet_third_party
+from hybridrank.cli.callbacks import CSVHistoryLogger, EpochProgressBar, ValHistory
 from hybridrank.models.ranker import HybridRanker, evaluate_chunks
 
 __all__ = ["train", "train_main", "format_table", "build_model", "build_trainer", "reference_rows"]
@@ -56,12 +56,16 @@ def build_trainer(cfg: DictConfig) -> pl.Trainer:
     A :class:`~hybridrank.cli.callbacks.ValHistory` is always added (``metrics.json`` reports the
     validation figures of the kept checkpoint's epoch).
     """
+    drop_adverts()  # Lightning's "💡 Tip" lines on every Trainer
     callbacks = [hydra.utils.instantiate(c) for c in (cfg.get("callbacks") or {}).values()]
     callbacks.append(ValHistory())
     logger = hydra.utils.instantiate(cfg.logger) if cfg.get("logger") else False
     extra = {}
-    if cfg.trainer.get("enable_progress_bar") == "auto":
-        extra["enable_progress_bar"] = sys.stderr.isatty()
+    bar = cfg.trainer.get("enable_progress_bar", True)
+    if bar == "auto":
+        bar = extra["enable_progress_bar"] = sys.stderr.isatty()
+    if bar and not any(isinstance(c, pl.callbacks.ProgressBar) for c in callbacks):
+        callbacks.append(EpochProgressBar())  # epochs counted from 1, as everywhere else
     return hydra.utils.instantiate(cfg.trainer, callbacks=callbacks, logger=logger, **extra)
 
 
