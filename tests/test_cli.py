@@ -5,6 +5,7 @@ traceback), the traceback on request, no output folder left by a run that failed
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -13,7 +14,6 @@ import polars as pl
 import pytest
 
 from hybridrank.cli import auction, compare, export, simulate, train
-from hybridrank.cli._app import user_message
 
 SCRIPTS = {
     "hybridrank-train": train.train_main,
@@ -71,6 +71,12 @@ def test_missing_data_file_one_message_and_no_output_folder(run_cli, tmp_path):
     _one_message("hybridrank-train", code, err, "LibSVM file not found", "nope.txt")
     # hydra created outputs/train/<date>/<time> (log file, .hydra/) before the job: removed
     assert not (tmp_path / "outputs").exists(), list((tmp_path / "outputs").rglob("*"))
+
+
+def test_missing_real_data_says_where_it_comes_from(run_cli, tmp_path, monkeypatch):
+    monkeypatch.setenv("HYBRIDRANK_REAL_DATA", str(tmp_path / "no-data-here"))
+    code, _, err = run_cli("hybridrank-train", "data=mslr")
+    _one_message("hybridrank-train", code, err, "not found", "$HYBRIDRANK_REAL_DATA", "data/README.md")
 
 
 def test_override_parse_error_names_the_override(run_cli, tmp_path):
@@ -168,6 +174,8 @@ def test_bugs_keep_their_traceback(run_cli, monkeypatch):
 def test_user_message_classifies():
     from hydra.errors import InstantiationException
 
+    from hybridrank.cli._app import user_message
+
     assert user_message(ValueError("bad label")) == "bad label"
     assert user_message(RuntimeError("CUDA error")) is None
     assert user_message(KeyError("x")) is None
@@ -229,3 +237,26 @@ def test_console_is_quiet(tmp_path, trainer):
     assert "this model" in p.stdout
     found = [n for n in NOISE if n in text]
     assert not found, (found, text[-4000:])
+
+
+@pytest.mark.slow
+def test_export_and_eval_report_once_and_readably(run_cli, tmp_path):
+    """The export's row count is printed once, the calibrator=auto decision is one line (not a
+    dict), the correction is words; a run folder stands for its best checkpoint."""
+    code, out, err = run_cli("hybridrank-train", "data.source.n_users=80", "trainer.max_epochs=1",
+                             "intervals.n_boot=0", "hydra.run.dir=run")
+    assert code == 0, err[-3000:]
+    code, out, err = run_cli("hybridrank-export", "checkpoint=run", "output=scores.parquet",
+                             "hydra.run.dir=export")
+    text = out + err
+    assert code == 0, text[-3000:]
+    assert len(re.findall(r"wrote \d+ rows to", text)) == 1, text
+    decision = [ln for ln in text.splitlines() if "calibrator=auto:" in ln]
+    assert len(decision) == 1 and "held-out log-loss improvement" in decision[0], text
+    assert "{'none'" not in text and "'cv_logloss'" not in text  # no raw dict on the console
+    assert "negative-downsampling correction (auto): not applied" in text
+    assert (tmp_path / "scores.parquet").is_file()
+    code, out, err = run_cli("hybridrank-eval", "checkpoint=run", "n_boot=20", "figures=false",
+                             "hydra.run.dir=eval")
+    assert code == 0, (out + err)[-3000:]
+    assert sum("calibrator=auto:" in ln for ln in (out + err).splitlines()) == 1

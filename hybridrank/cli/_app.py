@@ -104,7 +104,20 @@ def user_message(exc: BaseException) -> str | None:
         text = repr(exc)
     if isinstance(exc, FileNotFoundError) and exc.filename and str(exc.filename) not in text:
         text = f"{text}: {exc.filename}"
-    return text or type(exc).__name__
+    return _real_data_hint(text or type(exc).__name__)
+
+
+def _real_data_hint(text: str) -> str:
+    """Add where the shared real data comes from to an error about a file inside it."""
+    try:
+        from hybridrank.conf import REAL_DATA_ENV, real_data_dir
+    except ImportError:  # pragma: no cover - the configs are part of the package
+        return text
+    root = str(Path(real_data_dir()))
+    if root in text and ("not found" in text or "No such file" in text or "match" in text):
+        text += (f" (the shared real data folder {root}: ${REAL_DATA_ENV}, default ../shared/data "
+                 f"beside the repository; see data/README.md)")
+    return text
 
 
 def _compact_hydra(exc: BaseException) -> str:

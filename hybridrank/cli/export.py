@@ -187,7 +187,8 @@ def _container(node) -> Any:
 
 def prepare(cfg: DictConfig) -> Prepared:
     """Load the checkpoint, decide the correction, fit the calibrator on ``calibration_split``."""
-    model = load_model(cfg.checkpoint)
+    path = resolve_checkpoint(cfg.checkpoint)  # a run folder: its best checkpoint
+    model = load_model(path)
     info = model.data_info
     data_cfg = _container(cfg.get("data")) or (model.hparams.get("config") or {}).get("data")
     w = float(info.get("neg_keep_rate", 1.0))
@@ -203,7 +204,6 @@ def prepare(cfg: DictConfig) -> Prepared:
     calibrator = hydra.utils.instantiate(cal_node) if cal_node else IdentityCalibrator()
     if not isinstance(calibrator, Calibrator):
         raise ValueError(f"calibrator config must build a hybridrank Calibrator: {calibrator!r}")
-    path = Path(cfg.checkpoint)
     prep = Prepared(model, str(path.resolve()), sha256_file(path), calibrator, shift, correction,
                     None, data_cfg)
     if not isinstance(calibrator, IdentityCalibrator):

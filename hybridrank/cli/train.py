@@ -202,7 +202,7 @@ def kept_val_metrics(trainer: pl.Trainer, best: str | None) -> tuple[int | None,
     epoch = int(_checkpoint_state(best)["epoch"]) if best else None
     if epoch is not None and epoch in history:
         return epoch + 1, dict(history[epoch])
-    if epoch is not None:
+    if epoch is not None and history:  # validation ran, but not at the kept checkpoint's epoch
         log.warning("no validation record of epoch %d (the kept checkpoint's); metrics.json "
                     "reports the last epoch's validation metrics", epoch + 1)
     last = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("val/")}
