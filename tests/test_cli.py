@@ -260,3 +260,11 @@ def test_export_and_eval_report_once_and_readably(run_cli, tmp_path):
                              "hydra.run.dir=eval")
     assert code == 0, (out + err)[-3000:]
     assert sum("calibrator=auto:" in ln for ln in (out + err).splitlines()) == 1
+
+
+def test_export_column_overrides_compose(compose_cfg):
+    """docs/EXPORT.md's `'columns={bid: bid_usd}'` is accepted (the node was an empty struct dict
+    that rejected every key; found by tests/test_readme.py)."""
+    cfg = compose_cfg("export", "checkpoint=x.ckpt", "columns={bid: bid_usd, label: null}")
+    assert dict(cfg.columns) == {"bid": "bid_usd", "label": None}
+    assert compose_cfg("export", "checkpoint=x.ckpt").columns is None
