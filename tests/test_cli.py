@@ -4,6 +4,7 @@ traceback), the traceback on request, no output folder left by a run that failed
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import subprocess
@@ -27,7 +28,27 @@ SCRIPTS = {
 
 
 @pytest.fixture
-def run_cli(tmp_path, monkeypatch, capsys):
+def restore_logging():
+    """hydra's job logging reconfigures Python logging (root handlers bound to this test's
+    captured streams, existing loggers disabled): put it back for the tests that follow."""
+    root = logging.getLogger()
+    saved_root = (list(root.handlers), root.level)
+    saved = {name: (lg.disabled, lg.level, lg.propagate, list(lg.handlers))
+             for name, lg in logging.Logger.manager.loggerDict.items()
+             if isinstance(lg, logging.Logger)}
+    yield
+    root.handlers[:], root.level = saved_root
+    for name, lg in logging.Logger.manager.loggerDict.items():
+        if not isinstance(lg, logging.Logger):
+            continue
+        if name in saved:
+            lg.disabled, lg.level, lg.propagate, lg.handlers[:] = saved[name]
+        else:
+            lg.disabled, lg.handlers[:] = False, []
+
+
+@pytest.fixture
+def run_cli(tmp_path, monkeypatch, capsys, restore_logging):
     """``run_cli(prog, *args) -> (exit code, stdout, stderr)``, in-process, in ``tmp_path``."""
     monkeypatch.chdir(tmp_path)
     for var in ("HYBRIDRANK_DEBUG", "HYDRA_FULL_ERROR", "_HYBRIDRANK_CLI_ERRORS"):
