@@ -18,7 +18,8 @@ WORKER = Path(__file__).with_name("resume_worker.py")
 
 
 def run(args, cwd, **kw):
-    env = dict(os.environ, PYTHONWARNINGS="ignore", PYTHONPATH=str(WORKER.parent))
+    path = os.pathsep.join(p for p in (str(WORKER.parent), os.environ.get("PYTHONPATH")) if p)
+    env = dict(os.environ, PYTHONWARNINGS="ignore", PYTHONPATH=path)
     return subprocess.run(args, cwd=cwd, capture_output=True, text=True, timeout=600, env=env, **kw)
 
 
