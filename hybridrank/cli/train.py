@@ -79,6 +79,7 @@ def build_datamodule(cfg: DictConfig, splits=None):
     return hydra.utils.get_class(node.pop("_target_"))(splits=splits, **node)
 
 
+@quiet_third_party()
 def train(cfg: DictConfig, *, splits=None) -> dict[str, Any]:
     """Train, evaluate on the test split, write ``metrics.json``; return the metrics.
 
@@ -97,40 +98,42 @@ def train(cfg: DictConfig, *, splits=None) -> dict[str, Any]:
     warn_deprecated_names(cfg)
     out_dir = Path(cfg.paths.output_dir)
     ckpt_path = resume_checkpoint(cfg, out_dir)
-    if cfg.get("resume"):
-        done = finished_result(out_dir)
-        if done is not None:
-            log.info("%s already finished (metrics.json): nothing to resume", out_dir)
-            return done
-    with quiet_third_party():
-        pl.seed_everything(int(cfg.seed), workers=True, verbose=False)
-        datamodule = build_datamodule(cfg, splits)
-        model = build_model(cfg, datamodule)  # loads the data: bad data fails before any output
-        out_dir.mkdir(parents=True, exist_ok=True)
-        if ckpt_path is None:
-            # the config that `hybridrank-resume RUN_DIR` reads back (interpolations kept)
-            write_text(out_dir / RESUME_CONFIG, OmegaConf.to_yaml(cfg, resolve=False))
-        trainer = build_trainer(cfg)
-        if ckpt_path is not None:
-            log.info("resuming from %s", ckpt_path)
-            prepare_resume(trainer, ckpt_path)
-        t_fit = time.perf_counter()
-        trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt_path)
-        fit_seconds = time.perf_counter() - t_fit
+    if cfg.get("resume") and (done := finished_result(out_dir)) is not None:
+        log.info("%s already finished (metrics.json): nothing to resume", out_dir)
+        return done
+    pl.seed_everything(int(cfg.seed), workers=True, verbose=False)
+    datamodule = build_datamodule(cfg, splits)
+    model = build_model(cfg, datamodule)  # loads the data: bad data fails before any output
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if ckpt_path is None:
+        # the config that `hybridrank-resume RUN_DIR` reads back (interpolations kept)
+        write_text(out_dir / RESUME_CONFIG, OmegaConf.to_yaml(cfg, resolve=False))
+    trainer = build_trainer(cfg)
+    if ckpt_path is not None:
+        log.info("resuming from %s", ckpt_path)
+        prepare_resume(trainer, ckpt_path)
+    t_fit = time.perf_counter()
+    trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt_path)
+    fit_seconds = time.perf_counter() - t_fit
 
-        ckpt = trainer.checkpoint_callback
-        best = ckpt.best_model_path if ckpt is not None and ckpt.best_model_path else None
-        val_epoch, val = kept_val_metrics(trainer, best)
-        result: dict[str, Any] = {"val": val, "val_epoch": val_epoch, "best_checkpoint": best,
-                                  "output_dir": str(out_dir), "fit_seconds": fit_seconds}
-        if cfg.get("test_after_fit", True):
-            tested = trainer.test(model, datamodule=datamodule, ckpt_path=best, verbose=False)
-            result["test"] = {k: float(v) for k, v in tested[0].items()}
-            result["reference"] = reference_rows(lambda: datamodule.eval_chunks("test", 1 << 20),
-                                                 model.new_metrics, model.field_columns)
-            if trainer.is_global_zero and cfg.get("intervals", {}).get("n_boot", 0):
-                # trainer.test restored the best weights into `model`
-                result["intervals"] = test_intervals(model, datamodule, **cfg.intervals)
+    ckpt = trainer.checkpoint_callback
+    best = ckpt.best_model_path if ckpt is not None and ckpt.best_model_path else None
+    val_epoch, val = kept_val_metrics(trainer, best)
+    result: dict[str, Any] = {
+        "val": val,
+        "val_epoch": val_epoch,
+        "best_checkpoint": best,
+        "output_dir": str(out_dir),
+        "fit_seconds": fit_seconds,
+    }
+    if cfg.get("test_after_fit", True):
+        tested = trainer.test(model, datamodule=datamodule, ckpt_path=best, verbose=False)
+        result["test"] = {k: float(v) for k, v in tested[0].items()}
+        result["reference"] = reference_rows(lambda: datamodule.eval_chunks("test", 1 << 20),
+                                             model.new_metrics, model.field_columns)
+        if trainer.is_global_zero and cfg.get("intervals", {}).get("n_boot", 0):
+            # trainer.test restored the best weights into `model`
+            result["intervals"] = test_intervals(model, datamodule, **cfg.intervals)
     name = cfg.get("optimized_metric")
     if name:
         stage = "test" if name.startswith("test/") else "val"
