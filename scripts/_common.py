@@ -1,10 +1,16 @@
 """Helpers shared by the benchmark scripts (not part of the installed package).
 
 - where the real data lives and how the MQ2008 folds are built from the parts S1..S5;
-- composing a hydra config in-process and training a hybridrank model on it;
+- the one way the scripts train a hybridrank model: :func:`train_hybrid`, which composes the
+  config and calls :func:`hybridrank.cli.train.train` (what ``hybridrank-train`` runs), on data
+  it loads or on already loaded splits shared by several runs;
+- the one LightGBM fitter, :func:`fit_lightgbm` (``binary`` / ``lambdarank``, early stopping on
+  the validation part), and :func:`require_lightgbm`: a missing optional dependency is an error;
 - scoring any model's flat logits with :func:`hybridrank.models.ranker.evaluate_logits` under several
   metric conventions, so LightGBM and hybridrank rows share one code path;
-- mean ± std formatting and rewriting one marked section of ``docs/BENCHMARKS.md``.
+- mean ± std formatting and rewriting one marked section of ``docs/BENCHMARKS.md``, only when
+  asked (``--write-docs``, :func:`add_docs_options`) and only after a complete run
+  (:func:`write_docs`).
 
 The scripts run as ``python scripts/<name>.py`` from the repository root; they import this module
 as ``_common`` (Python puts the script's folder on ``sys.path``).
@@ -23,7 +29,7 @@ import time
 import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -80,6 +86,41 @@ def parse_folds(text: str) -> list[int]:
     return sorted(out)
 
 
+def add_docs_options(parser) -> None:
+    """``--write-docs`` (rewrite this script's sections of docs/BENCHMARKS.md after a complete
+    run); ``--no-docs``, the old opt-out, is accepted and ignored (not writing is the default)."""
+    import argparse
+
+    parser.add_argument("--write-docs", action="store_true",
+                        help="rewrite this script's section(s) of docs/BENCHMARKS.md; only a "
+                             "complete run (the default settings: every fold and model, no "
+                             "--quick) may")
+    parser.add_argument("--no-docs", action="store_true", help=argparse.SUPPRESS)
+
+
+def check_docs_request(args, incomplete: Sequence[str]) -> None:
+    """Before any work: ``--write-docs`` with settings that cannot make the full tables is an
+    error naming them (``incomplete``: the settings that differ from a complete run)."""
+    if getattr(args, "write_docs", False) and incomplete:
+        raise SystemExit(f"--write-docs: a partial run does not replace the published tables "
+                         f"({'; '.join(incomplete)}); drop --write-docs, or run the complete "
+                         f"benchmark")
+
+
+def write_docs(args, sections: Mapping[str, str], *, failures: Sequence[str] = ()) -> None:
+    """Rewrite the ``sections`` of docs/BENCHMARKS.md when ``--write-docs`` was given and the run
+    had no failed row; otherwise say that the docs were left as they are."""
+    if not getattr(args, "write_docs", False):
+        print("docs/BENCHMARKS.md not touched (--write-docs rewrites it after a complete run)")
+        return
+    if failures:
+        raise SystemExit(f"--write-docs: not written, {len(failures)} row(s) failed: "
+                         f"{', '.join(failures)}")
+    for name, body in sections.items():
+        write_section(name, body, path=DOCS)
+    print(f"updated {DOCS}")
+
+
 def quiet() -> None:
     """Silence Lightning's per-run chatter (the scripts print their own progress)."""
     import pytorch_lightning  # noqa: F401  (it sets its loggers' levels on import: import first)
@@ -100,14 +141,30 @@ def compose_config(overrides: Sequence[str]):
         return compose("config", overrides=list(overrides))
 
 
-def train_hybrid(overrides: Sequence[str], *, keep_dir: str | Path | None = None
-                 ) -> tuple[dict[str, Any], Any, torch.Tensor, torch.Tensor]:
-    """Train one hybridrank model; return (result, splits, val logits, test logits).
+class HybridRun(NamedTuple):
+    """What :func:`train_hybrid` returns."""
 
-    ``result`` is the dict of :func:`hybridrank.cli.train.train`. The logits are the best checkpoint's
-    pCTR logits on the val and test splits in storage order (``HybridRanker.load_from_checkpoint``
-    and its one scoring path ``predict_split``), for scoring with :func:`evaluate` under any
-    convention. Runs write into a temporary folder unless ``keep_dir``.
+    result: dict[str, Any]  # the dict of hybridrank.cli.train.train
+    splits: Any             # the data (Splits) the model was trained and scored on
+    z_val: torch.Tensor     # [N] pCTR logits of the kept checkpoint on val, storage order
+    z_test: torch.Tensor    # the same on test
+    model: Any              # the kept checkpoint's HybridRanker (CPU, eval mode)
+
+
+def train_hybrid(overrides: Sequence[str], *, splits=None, keep_dir: str | Path | None = None
+                 ) -> HybridRun:
+    """Train one hybridrank model with :func:`hybridrank.cli.train.train`: the scripts' one way
+    to train.
+
+    ``splits``: already loaded data (``Splits``, e.g. from :func:`load_splits`) shared by several
+    runs, so their train times exclude the load (``result["fit_seconds"]`` is ``trainer.fit``:
+    training epochs plus the per-epoch validation that drives early stopping and the checkpoint
+    choice, the counterpart of LightGBM's boosting with early stopping); None: the config's
+    data, loaded for this run and returned read with the model's schema. ``result`` is the dict
+    of ``train`` (``val`` of the kept epoch, ``val_epoch``, ``test``, ...). The logits are the
+    kept checkpoint's pCTR logits (``HybridRanker.load_from_checkpoint`` and its one scoring path
+    ``predict_split``), for scoring with :func:`evaluate` under any convention. Runs write into a
+    temporary folder unless ``keep_dir``.
     """
     import hydra
 
@@ -117,16 +174,16 @@ def train_hybrid(overrides: Sequence[str], *, keep_dir: str | Path | None = None
     with tempfile.TemporaryDirectory(prefix="hybridrank-bench-") as tmp:
         out = Path(keep_dir) if keep_dir is not None else Path(tmp)
         cfg = compose_config([f"paths.output_dir={out}", "trainer.enable_progress_bar=false",
-                              "logger=none", *overrides])
-        result = train(cfg)
+                              "logger=none", "intervals.n_boot=0", *overrides])
+        result = train(cfg, splits=splits)
         best = result.get("best_checkpoint")
         if not best:
             raise RuntimeError("train() kept no checkpoint; the benchmark needs callbacks=default")
-        model = HybridRanker.load_from_checkpoint(best, map_location="cpu", weights_only=True)
+        model = HybridRanker.load_from_checkpoint(best, map_location="cpu", weights_only=True).eval()
+    if splits is None:
         splits = hydra.utils.instantiate(cfg.data.source, _partial_=True)(schema=model.schema).load()
-        z_val = model.predict_split(splits.val)[0]
-        z_test = model.predict_split(splits.test)[0]
-    return result, splits, z_val, z_test
+    return HybridRun(result, splits, model.predict_split(splits.val)[0],
+                     model.predict_split(splits.test)[0], model)
 
 
 #: The metric conventions the LETOR tables report (CONVENTIONS.md §2).
@@ -193,21 +250,20 @@ def write_section(name: str, body: str, path: Path = DOCS) -> None:
     path.write_text(text)
 
 
-def lightgbm_or_none():
-    """``lightgbm`` if installed, else None after a clear message on how to get it."""
+def require_lightgbm(models: Iterable[str]):
+    """``lightgbm`` when LightGBM rows (``lgbm_*`` models) are asked for, None when none are.
+
+    A missing optional dependency is an error, not a table without its LightGBM rows.
+    """
+    wanted = [m for m in models if m.startswith("lgbm_")]
+    if not wanted:
+        return None
     try:
         import lightgbm
     except ImportError:
-        print("note: LightGBM is not installed, its rows are skipped. Install the optional "
-              "benchmark extra: pip install 'hybridrank[bench]'")
-        return None
+        raise SystemExit(f"LightGBM is not installed, and the rows {wanted} need it: "
+                         "pip install -e '.[bench]' (or leave them out with --models)") from None
     return lightgbm
-
-
-def split_arrays(data) -> tuple[Any, Any, Any]:
-    """(features [N, F] float64, labels [N], group sizes [R]) of a ``ListData`` for LightGBM."""
-    return (data.num.double().numpy(), data.label.double().numpy(),
-            data.lengths.long().numpy())
 
 
 def summarize(per_fold: Mapping[int, Mapping[str, float]], keys: Sequence[str]) -> dict:
@@ -221,60 +277,14 @@ def summarize(per_fold: Mapping[int, Mapping[str, float]], keys: Sequence[str]) 
 
 
 # ----------------------------------------------------------------------------------------------
-# shared-data training, LightGBM with categorical features, bootstrap statistics
-# (bench_convergence.py, bench_real.py)
+# shared data, LightGBM (categorical features as LightGBM categories), bootstrap statistics
 # ----------------------------------------------------------------------------------------------
 def load_splits(overrides: Sequence[str]):
     """The ``Splits`` of the data config selected by ``overrides`` (loaded once, shared by runs)."""
     import hydra
 
-    cfg = compose_config(["paths.output_dir=/tmp", *overrides])
+    cfg = compose_config(["paths.output_dir=unused", *overrides])  # nothing is written
     return hydra.utils.instantiate(cfg.data.source).load()
-
-
-def fit_hybrid(overrides: Sequence[str], splits, *, keep_dir: str | Path | None = None
-               ) -> dict[str, Any]:
-    """Train one hybridrank model on already loaded ``splits``; time the fit alone.
-
-    The config is composed from ``overrides`` as :func:`train_hybrid` does; its ``data`` node
-    supplies the batching keys, ``splits`` the data (so several models share one load and their
-    train times exclude it). ``fit_seconds`` is ``trainer.fit`` (training epochs plus the
-    per-epoch validation that drives early stopping and the checkpoint choice), the counterpart
-    of LightGBM's ``lgb.train`` with early stopping.
-
-    Returns ``{"fit_seconds", "epochs", "best_epoch", "val": best-checkpoint val metrics,
-    "z_val", "z_test"}`` (flat ``[N]`` pCTR logits of the best checkpoint, storage order).
-    """
-    import hydra
-    import pytorch_lightning as pl
-    from omegaconf import OmegaConf
-
-    from hybridrank.cli.train import build_model, build_trainer
-    from hybridrank.models.ranker import HybridRanker
-
-    with tempfile.TemporaryDirectory(prefix="hybridrank-bench-") as tmp:
-        out = Path(keep_dir) if keep_dir is not None else Path(tmp)
-        cfg = compose_config([f"paths.output_dir={out}", "trainer.enable_progress_bar=false",
-                              "logger=none", *overrides])
-        pl.seed_everything(int(cfg.seed), workers=True, verbose=False)
-        node = OmegaConf.to_container(cfg.data, resolve=True)
-        node.pop("source", None)
-        datamodule = hydra.utils.get_class(node.pop("_target_"))(splits=splits, **node)
-        model = build_model(cfg, datamodule)
-        trainer = build_trainer(cfg)
-        t0 = time.perf_counter()
-        trainer.fit(model, datamodule=datamodule)
-        fit_seconds = time.perf_counter() - t0
-        ckpt = trainer.checkpoint_callback
-        best = ckpt.best_model_path if ckpt is not None else ""
-        if not best:
-            raise RuntimeError("the fit kept no checkpoint; the benchmark needs callbacks=default")
-        best_epoch = int(re.search(r"epoch(\d+)", Path(best).name).group(1)) + 1
-        model = HybridRanker.load_from_checkpoint(best, map_location="cpu", weights_only=True)
-        z_val = model.predict_split(splits.val)[0]
-        z_test = model.predict_split(splits.test)[0]
-    return {"fit_seconds": fit_seconds, "epochs": int(trainer.current_epoch),
-            "best_epoch": best_epoch, "z_val": z_val, "z_test": z_test}
 
 
 def lgbm_arrays(data) -> tuple[Any, Any, Any, list[int]]:

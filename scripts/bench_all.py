@@ -7,8 +7,10 @@ script that does not exist yet is skipped with a note; one that fails is reporte
 of its output. The Markdown tables (and the lines right before them) are kept, other chatter
 dropped. The section is stamped with the date and the machine (CPU model and count).
 
-Usage: ``python scripts/bench_all.py [--quick] [--only reader metrics] [--no-docs]``
-(``--quick`` passes ``--quick`` to the scripts that accept it and fewer repeats to the reader).
+Usage: ``python scripts/bench_all.py [--quick] [--only reader metrics] [--write-docs]``
+(``--quick`` passes ``--quick`` to the scripts that accept it and fewer repeats to the reader;
+``--write-docs`` rewrites the "Speed" section, only from a complete run: every script, no
+``--quick``, none failed).
 """
 
 from __future__ import annotations
@@ -74,8 +76,10 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--only", nargs="+", choices=list(SCRIPTS), default=list(SCRIPTS))
     p.add_argument("--quick", action="store_true")
     p.add_argument("--timeout", type=float, default=1800, help="seconds per script")
-    p.add_argument("--no-docs", action="store_true")
+    C.add_docs_options(p)
     args = p.parse_args(argv)
+    C.check_docs_request(args, [why for bad, why in [
+        (args.quick, "--quick"), (set(args.only) != set(SCRIPTS), f"--only {' '.join(args.only)}")] if bad])
     C.data_root()
     parts = [f"Generated {time.strftime('%Y-%m-%d %H:%M')} by `python scripts/bench_all.py"
              f"{' --quick' if args.quick else ''}` on {C.machine()}. Other processes may share "
@@ -92,9 +96,7 @@ def main(argv: list[str] | None = None) -> None:
         parts.append(f"### {title}\n\n`python scripts/{script}`{note}\n\n{body}")
         print(body + "\n", flush=True)
     text = "\n\n".join(parts)
-    if not args.no_docs:
-        C.write_section("Speed", text)
-        print(f"updated {C.DOCS}")
+    C.write_docs(args, {"Speed": text}, failures=failed)
     if failed:
         raise SystemExit(f"failed: {', '.join(failed)}")
 

@@ -25,18 +25,17 @@ non-uniform distortion changes allocation and prices everywhere.
 
 Usage::
 
-    python scripts/bench_auction.py            # 7 trainings on the default log
-    python scripts/bench_auction.py --quick    # 600 users, 1 epoch: a smoke test
+    python scripts/bench_auction.py --write-docs   # 7 trainings on the default log
+    python scripts/bench_auction.py --quick        # 600 users, 1 epoch: a smoke test
 
-Writes ``results/auction.json`` and (unless ``--no-docs``) the ``auction`` section of
-``docs/BENCHMARKS.md``.
+Writes ``results/auction.json`` and, with ``--write-docs`` (not with ``--quick``), the ``auction``
+section of ``docs/BENCHMARKS.md``.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import tempfile
 import time
 from pathlib import Path
 
@@ -45,27 +44,16 @@ import numpy as np
 import polars as pl
 import torch
 
-LOSSES = ("bce", "softmax", "bce_softmax", "calibrated_softmax", "rcr", "jrc")
+LOSSES = ("bce", "softmax", "bce_softmax", "bce_calibrated_softmax", "rcr", "jrc")
 RESERVE_ECPM = 0.05
 
 
 def train(overrides: list[str]):
-    """Train on the simulated log; return the best model and the test split read with its schema."""
-    import hydra
-
-    from hybridrank.cli.train import train as run
-    from hybridrank.models.ranker import HybridRanker
-
-    with tempfile.TemporaryDirectory(prefix="hybridrank-auction-") as out:
-        cfg = C.compose_config([f"paths.output_dir={out}", "trainer.enable_progress_bar=false",
-                                "logger=none", "intervals.n_boot=0", *overrides])
-        t0 = time.perf_counter()
-        result = run(cfg)
-        model = HybridRanker.load_from_checkpoint(result["best_checkpoint"], map_location="cpu",
-                                                  weights_only=True)
-        seconds = time.perf_counter() - t0
-    test = hydra.utils.instantiate(cfg.data.source, _partial_=True)(schema=model.schema).load().test
-    return model, test, seconds
+    """Train on the simulated log (``_common.train_hybrid``); return the kept model, the test
+    split read with its schema and the wall time."""
+    t0 = time.perf_counter()
+    run = C.train_hybrid(overrides)
+    return run.model, run.splits.test, time.perf_counter() - t0
 
 
 def frame_of(test, logits: torch.Tensor, truth: pl.DataFrame) -> pl.DataFrame:
@@ -134,8 +122,10 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="600 users, 1 epoch (smoke test)")
     ap.add_argument("--n-boot", type=int, default=1000)
     ap.add_argument("--out", default=str(C.RESULTS / "auction.json"))
-    ap.add_argument("--no-docs", action="store_true")
+    C.add_docs_options(ap)
     a = ap.parse_args()
+    C.check_docs_request(a, [why for bad, why in [(a.quick, "--quick"), (a.n_boot != 1000, "--n-boot")]
+                             if bad])
     C.quiet()
     from hybridrank.cli.auction import compare_auctions
     from hybridrank.data.simulate import simulate_clicklog
@@ -202,8 +192,7 @@ def main() -> None:
     Path(a.out).write_text(json.dumps({"position": pos_data, "offsets": offsets,
                                        "train_seconds": seconds, "auction_md": auction_md,
                                        "machine": C.machine()}, indent=2))
-    if not a.no_docs and not a.quick:
-        C.write_section("auction", body)
+    C.write_docs(a, {"auction": body})
     print(f"wall time {(time.perf_counter() - t0) / 60:.1f} min; JSON: {a.out}")
 
 

@@ -35,12 +35,13 @@ scorer *by validation log loss* is compared with LightGBM, paired, and the goal 
 Usage::
 
     python scripts/bench_convergence.py --quick          # smoke test (~3 min): small data
-    python scripts/bench_convergence.py                  # 1x, 4x, 16x (hours on 2 cores)
+    python scripts/bench_convergence.py --write-docs     # 1x, 4x, 16x (hours on 2 cores)
     python scripts/bench_convergence.py --sizes 1 4 --models mlp deepfm lgbm_binary
     python scripts/bench_convergence.py --tune           # the validation grid (writes its own JSON)
 
-Writes ``results/convergence.json`` (``--out``), prints Markdown tables and (unless
-``--no-docs``, or ``--quick``) rewrites the "Convergence" section of ``docs/BENCHMARKS.md``.
+Writes ``results/convergence.json`` (``--out``) and prints Markdown tables; ``--write-docs``
+rewrites the "Convergence" section of ``docs/BENCHMARKS.md``, only from a complete run (the
+default sizes and models, no ``--quick``).
 """
 
 from __future__ import annotations
@@ -213,7 +214,11 @@ def run_model(model: str, splits, args, extra=None, lgbm_params=None) -> dict:
         r = C.fit_lightgbm(model.removeprefix("lgbm_"), splits, params, max_rounds=rounds,
                            patience=LGBM_PATIENCE)
     else:
-        r = C.fit_hybrid(hybrid_overrides(model, args.quick, extra), splits)
+        run = C.train_hybrid(hybrid_overrides(model, args.quick, extra), splits=splits)
+        r = {"fit_seconds": run.result["fit_seconds"], "best_epoch": run.result.get("val_epoch"),
+             "z_val": run.z_val, "z_test": run.z_test}
+        if "epochs" in run.result:  # epochs trained, where train() reports them
+            r["epochs"] = run.result["epochs"]
     val = C.evaluate(splits.val, r["z_val"].float(), empties=("skip",))["skip"]
     r["val"] = {k: val[k] for k in ("logloss", "ndcg@10", "ece", "pcoc") if k in val}
     return r
@@ -235,7 +240,7 @@ def no_interaction_truth(size: int, quick: bool, test) -> torch.Tensor:
 
     from hybridrank.data.simulate import simulate_clicklog
 
-    cfg = C.compose_config(["paths.output_dir=/tmp", *sim_overrides(size, quick)])
+    cfg = C.compose_config(["paths.output_dir=unused", *sim_overrides(size, quick)])
     kw = {k: v for k, v in OmegaConf.to_container(cfg.data.source, resolve=True).items()
           if k not in ("_target_", "split", "label_max", "position_feature", "schema")}
     frame = simulate_clicklog(**{**kw, "affinity_scale": 0.0})
@@ -651,8 +656,13 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--seed", type=int, default=0, help="bootstrap seed")
     p.add_argument("--threads", type=int, default=2, help="torch intra-op threads")
     p.add_argument("--out", default=None)
-    p.add_argument("--no-docs", action="store_true")
+    C.add_docs_options(p)
     args = p.parse_args(argv)
+    C.check_docs_request(args, [why for bad, why in [
+        (args.quick, "--quick"), (args.tune, "--tune"), (sorted(args.sizes) != [1, 4, 16], "--sizes"),
+        (set(args.models) != set(ALL_MODELS), "--models"), (bool(args.models_at), "--models-at"),
+        (not args.references, "--no-references"), (args.n_boot != 1000, "--n-boot")] if bad])
+    C.require_lightgbm(args.models)
     if args.quick:
         args.sizes = [s for s in args.sizes if s <= 4] or [1]
         args.n_boot = min(args.n_boot, 200)
@@ -684,15 +694,13 @@ def main(argv: list[str] | None = None) -> None:
             + summary_table(results) + "\n\n" + "\n".join(shrink_lines(results))
             + "\n\n" + "\n".join(goal_lines(results)))
     print("\n" + text + f"\n\nwall time {elapsed / 60:.1f} min\nJSON: {args.out}", flush=True)
-    if not (args.no_docs or args.quick):
-        cmd = "python scripts/bench_convergence.py " + " ".join(sys.argv[1:] if argv is None else argv)
-        C.write_section("Convergence", f"Generated {time.strftime('%Y-%m-%d')} by `{cmd.strip()}` "
-                        f"on {C.machine()}; total wall time {elapsed / 60:.0f} min (fit times are "
-                        "measured side by side in one run on a shared machine: compare the ratios, "
-                        "not the seconds). † = not a probability by design. Intervals: 95 % "
-                        f"percentile bootstrap over test requests ({args.n_boot} replicates, seed "
-                        f"{args.seed}); hybridrank rows: one training seed.\n\n{text}")
-        print(f"updated {C.DOCS}")
+    cmd = "python scripts/bench_convergence.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    C.write_docs(args, {"Convergence": (
+        f"Generated {time.strftime('%Y-%m-%d')} by `{cmd.strip()}` on {C.machine()}; total wall "
+        f"time {elapsed / 60:.0f} min (fit times are measured side by side in one run on a shared "
+        "machine: compare the ratios, not the seconds). † = not a probability by design. "
+        f"Intervals: 95 % percentile bootstrap over test requests ({args.n_boot} replicates, seed "
+        f"{args.seed}); hybridrank rows: one training seed.\n\n{text}")})
 
 
 if __name__ == "__main__":

@@ -1,4 +1,8 @@
-"""MQ2008, standard 5-fold protocol: hybridrank losses next to LightGBM, one table, same metrics.
+"""Which loss? MQ2008, standard 5-fold protocol: hybridrank losses next to LightGBM, one table.
+
+The question of this script is the loss (every loss config with the MLP scorer of
+``experiment=letor``); ``bench_real.py`` asks which scorer, on MQ2008 and the other real data
+sets. Both train through ``_common.train_hybrid`` and ``_common.fit_lightgbm``.
 
 Fold k is built from the parts S1..S5 (train = the three parts after k - 1, cyclically;
 validation = the next part; test = the last; see the shared DATASETS.md). Every model sees only
@@ -23,12 +27,14 @@ rotations of the same five parts), so the numbers measure memorisation, not rank
 
 Usage::
 
-    python scripts/bench_letor.py                       # all folds, all models (~10-15 min)
+    python scripts/bench_letor.py --write-docs          # all folds, all models (~10-15 min)
     python scripts/bench_letor.py --folds 1 --models lgbm_lambdarank bce_softmax
     python scripts/bench_letor.py --tutorial-leak       # also the leaky setting
+    python scripts/bench_letor.py --quick               # smoke test: fold 1, 2 epochs, 3 models
 
-Writes JSON (``--out``, default ``results/letor.json``), prints Markdown tables and (unless
-``--no-docs``) rewrites the generated sections of ``docs/BENCHMARKS.md``.
+Writes JSON (``--out``, default ``results/letor.json``) and prints Markdown tables. With
+``--write-docs`` it rewrites the generated sections of ``docs/BENCHMARKS.md``, and only from a
+complete run (all five folds, every model, LightGBM installed, no failed row).
 """
 
 from __future__ import annotations
@@ -40,12 +46,12 @@ import time
 from pathlib import Path
 
 import _common as C
-import numpy as np
 import torch
 
 LGBM_MODELS = ("lgbm_lambdarank", "lgbm_binary")
 HYBRID_MODELS = ("bce", "softmax", "bce_softmax", "bce_ranknet", "bce_lambdarank",
-                 "calibrated_softmax", "rcr", "jrc")
+                 "bce_calibrated_softmax", "rcr", "jrc")
+QUICK_MODELS = ("lgbm_binary", "bce", "bce_softmax")
 #: models whose score is not meant to be a probability (calibration columns flagged)
 UNCALIBRATED = {"lgbm_lambdarank", "softmax"}
 LABELS = {
@@ -56,7 +62,7 @@ LABELS = {
     "bce_softmax": "hybridrank bce_softmax",
     "bce_ranknet": "hybridrank bce_ranknet",
     "bce_lambdarank": "hybridrank bce_lambdarank",
-    "calibrated_softmax": "hybridrank calibrated_softmax",
+    "bce_calibrated_softmax": "hybridrank bce_calibrated_softmax",
     "rcr": "hybridrank rcr",
     "jrc": "hybridrank jrc",
 }
@@ -66,87 +72,46 @@ LGBM_COMMON = dict(learning_rate=0.05, num_leaves=31, min_data_in_leaf=20, num_t
                    seed=0, deterministic=True, force_row_wise=True, verbose=-1)
 MAX_ROUNDS = 2000
 PATIENCE = 50
-
-
-# ----------------------------------------------------------------------------------------------
-# models: each returns (val logits, test logits, info)
-# ----------------------------------------------------------------------------------------------
-def run_lightgbm(name: str, splits, lgb) -> tuple[torch.Tensor, torch.Tensor, dict]:
-    x_tr, y_tr, g_tr = C.split_arrays(splits.train)
-    x_va, y_va, g_va = C.split_arrays(splits.val)
-    if name == "lgbm_lambdarank":
-        params = dict(objective="lambdarank", metric="ndcg", eval_at=[10], **LGBM_COMMON)
-        train_set = lgb.Dataset(x_tr, y_tr, group=g_tr)
-        val_set = lgb.Dataset(x_va, y_va, group=g_va, reference=train_set)
-    else:
-        params = dict(objective="binary", metric="binary_logloss", **LGBM_COMMON)
-        train_set = lgb.Dataset(x_tr, (y_tr > 0).astype(np.float64))
-        val_set = lgb.Dataset(x_va, (y_va > 0).astype(np.float64), reference=train_set)
-    booster = lgb.train(params, train_set, num_boost_round=MAX_ROUNDS, valid_sets=[val_set],
-                        callbacks=[lgb.early_stopping(PATIENCE, verbose=False)])
-    it = booster.best_iteration
-
-    def score(data) -> torch.Tensor:  # raw_score: the logit for binary, the ranking score else
-        raw = booster.predict(data.num.double().numpy(), num_iteration=it, raw_score=True)
-        return torch.from_numpy(np.asarray(raw, dtype=np.float64)).float()
-
-    return score(splits.val), score(splits.test), {"best_iteration": it}
-
-
-def run_hybrid(loss: str, data_overrides: list[str], extra: list[str]):
-    result, splits, z_val, z_test = C.train_hybrid(
-        ["experiment=letor", *data_overrides, f"loss={loss}", *extra])
-    best = result.get("best_checkpoint") or ""
-    info = {"best_checkpoint": Path(best).name if best else None,  # epochNN.ckpt: the best epoch
-            "train_seconds": result.get("seconds")}
-    return splits, z_val, z_test, info
-
-
-def load_splits(data_overrides: list[str]):
-    import hydra
-
-    cfg = C.compose_config(["experiment=letor", *data_overrides, "paths.output_dir=/tmp"])
-    return hydra.utils.instantiate(cfg.data.source).load()
+QUICK = ["trainer.max_epochs=2"]  # --quick: hybridrank rows
 
 
 # ----------------------------------------------------------------------------------------------
 # one setting (a fold, or the leaky tutorial setting)
 # ----------------------------------------------------------------------------------------------
-def _run_one(name, data_overrides, lgb, extra, splits):
-    """(splits, val logits, test logits, info) of one model; splits None if it was skipped."""
+def _run_one(name: str, splits, extra: list[str], data_overrides: list[str], quick: bool):
+    """(val logits, test logits, info) of one model on the setting's ``splits``."""
     if name in LGBM_MODELS:
-        if lgb is None:
-            return None, None, None, None
-        splits = splits if splits is not None else load_splits(data_overrides)
-        z_val, z_test, info = run_lightgbm(name, splits, lgb)
-        return splits, z_val, z_test, info
+        r = C.fit_lightgbm(name.removeprefix("lgbm_"), splits, LGBM_COMMON,
+                           max_rounds=100 if quick else MAX_ROUNDS, patience=PATIENCE)
+        return r["z_val"].float(), r["z_test"].float(), {"best_iteration": r["best_iteration"]}
     torch.manual_seed(0)
-    return run_hybrid(name, data_overrides, extra)
+    run = C.train_hybrid(
+        ["experiment=letor", *data_overrides, f"loss={name}", *(QUICK if quick else []), *extra],
+        splits=splits)
+    best = run.result.get("best_checkpoint") or ""
+    return run.z_val, run.z_test, {"best_checkpoint": Path(best).name if best else None,  # epochNN: best epoch
+                           "train_seconds": run.result.get("seconds")}
 
 
-def run_setting(tag: str, data_overrides: list[str], models: list[str], lgb, extra: list[str]
-                ) -> dict[str, dict]:
+def run_setting(tag: str, data_overrides: list[str], models: list[str], extra: list[str],
+                quick: bool = False) -> dict[str, dict]:
     """Train every model on one train/val/test triple; ``{model: {"test": .., "val": .., ..}}``."""
     out: dict[str, dict] = {}
-    splits = None
+    splits = C.load_splits(["experiment=letor", *data_overrides])  # one load for every model
     for name in models:
         t0 = time.perf_counter()
         try:
-            data, z_val, z_test, info = _run_one(name, data_overrides, lgb, extra, splits)
+            z_val, z_test, info = _run_one(name, splits, extra, data_overrides, quick)
         except Exception as e:  # one broken loss must not cost the rest of the table
             print(f"  [{tag}] {name}: FAILED: {type(e).__name__}: {e}", flush=True)
             out[name] = {"error": f"{type(e).__name__}: {e}"}
             continue
-        if data is None:
-            continue
-        if splits is None:
-            splits = data
         seconds = time.perf_counter() - t0
-        test = C.evaluate(data.test, z_test)
-        val = C.evaluate(data.val, z_val, empties=("skip",))["skip"]
+        test = C.evaluate(splits.test, z_test)
+        val = C.evaluate(splits.val, z_val, empties=("skip",))["skip"]
         out[name] = {"test": test, "val": val, "seconds": seconds, **info}
         s = test["skip"]
-        print(f"  [{tag}] {name:<20} test ndcg@10 {s['ndcg@10']:.4f}  logloss {s['logloss']:.4f}"
+        print(f"  [{tag}] {name:<22} test ndcg@10 {s['ndcg@10']:.4f}  logloss {s['logloss']:.4f}"
               f"  ece {s['ece']:.4f}  pcoc {s.get('pcoc', float('nan')):.3f}"
               f"  (val ndcg@10 {val['ndcg@10']:.4f}, {seconds:.1f} s)", flush=True)
     return out
@@ -245,25 +210,36 @@ def leak_overrides() -> list[str]:
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--folds", default="1-5", help="e.g. 1-5, 1, 1,3 (default 1-5)")
-    p.add_argument("--models", nargs="+", default=list(LGBM_MODELS + HYBRID_MODELS),
-                   choices=list(LGBM_MODELS + HYBRID_MODELS))
-    p.add_argument("--out", default=str(C.RESULTS / "letor.json"))
+    p.add_argument("--models", nargs="+", default=None, choices=list(LGBM_MODELS + HYBRID_MODELS),
+                   help=f"default: every model (--quick: {' '.join(QUICK_MODELS)})")
+    p.add_argument("--out", default=None)
     p.add_argument("--tutorial-leak", action="store_true",
                    help="also run the leaky tutorial setting (lambdarank + --leak-model)")
     p.add_argument("--leak-model", default="jrc", choices=list(HYBRID_MODELS))
     p.add_argument("--leak-only", action="store_true",
                    help="run only the leaky setting; the clean numbers come from --out")
-    p.add_argument("--no-docs", action="store_true", help="do not touch docs/BENCHMARKS.md")
+    p.add_argument("--quick", action="store_true",
+                   help="smoke test: fold 1, 2 epochs, 100 boosting rounds, 3 models")
+    C.add_docs_options(p)
     p.add_argument("--threads", type=int, default=1,
                    help="torch intra-op threads (1: the MLP is tiny; more threads only spin)")
     p.add_argument("overrides", nargs="*", help="extra hydra overrides for the hybridrank rows")
     args = p.parse_args(argv)
+    if args.quick:
+        args.folds = "1" if args.folds == "1-5" else args.folds
+    args.models = args.models or list(QUICK_MODELS if args.quick else LGBM_MODELS + HYBRID_MODELS)
+    args.out = args.out or str(C.RESULTS / ("letor_quick.json" if args.quick else "letor.json"))
+    folds = C.parse_folds(args.folds)
+    C.check_docs_request(args, [why for bad, why in [
+        (args.quick, "--quick"), (folds != [1, 2, 3, 4, 5], f"folds {args.folds}"),
+        (set(args.models) != set(LGBM_MODELS + HYBRID_MODELS), "not every model"),
+        (bool(args.overrides), f"overrides {args.overrides}")] if bad])
 
+    leak_models = ["lgbm_lambdarank", args.leak_model] if args.tutorial_leak else []
+    C.require_lightgbm([*args.models, *leak_models])
     torch.set_num_threads(args.threads)
     C.quiet()
     C.data_root()
-    lgb = C.lightgbm_or_none()
-    folds = C.parse_folds(args.folds)
     t_start = time.perf_counter()
     results: dict = {"folds": {}, "config": {"models": args.models, "overrides": args.overrides,
                                              "experiment": "letor", "machine": C.machine()}}
@@ -275,8 +251,9 @@ def main(argv: list[str] | None = None) -> None:
         print(f"fold {k}: train {', '.join(Path(x).name for x in C.mq2008_fold(k)[0])} | "
               f"val {Path(C.mq2008_fold(k)[1]).name} | test {Path(C.mq2008_fold(k)[2]).name}",
               flush=True)
-        results["folds"][k] = run_setting(f"fold{k}", C.fold_overrides(k), args.models, lgb,
-                                          args.overrides)
+        results["folds"][k] = run_setting(f"fold{k}", C.fold_overrides(k), args.models,
+                                          args.overrides, args.quick)
+    elapsed = None
     if not args.leak_only:
         table, summary = main_tables(results["folds"], args.models)
         results["summary"] = summary
@@ -289,10 +266,8 @@ def main(argv: list[str] | None = None) -> None:
     leak_md = None
     if args.tutorial_leak:
         print("\ntutorial leak setting", flush=True)
-        leak_models = [m for m in ("lgbm_lambdarank", args.leak_model) if m in LGBM_MODELS
-                       and lgb is not None or m in HYBRID_MODELS]
-        results["tutorial_leak"] = run_setting("leak", leak_overrides(), leak_models, lgb,
-                                               args.overrides)
+        results["tutorial_leak"] = run_setting("leak", leak_overrides(), leak_models,
+                                               args.overrides, args.quick)
         leak_md = leak_table(results["tutorial_leak"], summary)
         print("\n" + leak_md, flush=True)
 
@@ -300,16 +275,18 @@ def main(argv: list[str] | None = None) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(results, indent=2, default=float))
     print(f"\nJSON: {out}")
-    if not args.no_docs:
-        stamp = time.strftime("%Y-%m-%d")
-        cmd = "python scripts/bench_letor.py " + " ".join(sys.argv[1:] if argv is None else argv)
-        if not args.leak_only:
-            C.write_section("MQ2008 5-fold", f"Generated {stamp} by `{cmd.strip()}` on "
-                            f"{C.machine()}; 5-fold wall time {elapsed / 60:.1f} min.\n\n"
-                            f"{table}\n\n{goal}")
-        if leak_md:
-            C.write_section("Tutorial leak", f"Generated {stamp} by `{cmd.strip()}`.\n\n{leak_md}")
-        print(f"updated {C.DOCS}")
+    failures = [f"{tag} {m}" for tag, rows in [*((f"fold{k}", r) for k, r in results["folds"].items()),
+                                               ("leak", results.get("tutorial_leak") or {})]
+                for m, r in rows.items() if "error" in r]
+    stamp = time.strftime("%Y-%m-%d")
+    cmd = ("python scripts/bench_letor.py " + " ".join(sys.argv[1:] if argv is None else argv)).strip()
+    sections = {}
+    if not args.leak_only:
+        sections["MQ2008 5-fold"] = (f"Generated {stamp} by `{cmd}` on {C.machine()}; 5-fold wall "
+                                     f"time {elapsed / 60:.1f} min.\n\n{table}\n\n{goal}")
+    if leak_md:
+        sections["Tutorial leak"] = f"Generated {stamp} by `{cmd}`.\n\n{leak_md}"
+    C.write_docs(args, sections, failures=failures)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """Benchmark the loss catalogue against allRank: forward + backward time, values, peak memory.
 
-Not a test. Prints Markdown tables and (unless ``--quick`` or ``--no-docs``) writes them into the
-"Losses" section of ``docs/BENCHMARKS.md``:
+Not a test. Prints Markdown tables and (with ``--write-docs``, not with ``--quick``) writes them into
+the "Losses" section of ``docs/BENCHMARKS.md``:
 
 1. every loss at ``[G, L]`` = 4096×16, 1024×64, 256×256 (labels 0..2, ~70 % of slots real), with
    allRank's counterpart timed side by side in the same run when ``allrank`` is installed
@@ -15,7 +15,7 @@ Not a test. Prints Markdown tables and (unless ``--quick`` or ``--no-docs``) wri
 3. peak memory of ours (torch's CPU memory profiler);
 4. our padded pairwise / softmax losses against the flat-batch forms common in tutorials.
 
-Usage: ``python scripts/bench_losses.py [--quick] [--no-docs] [--rounds 5] [--threads 2]``
+Usage: ``python scripts/bench_losses.py [--quick] [--write-docs] [--rounds 5] [--threads 2]``
 (about 10 minutes on 2 cores with allRank, mostly its pairwise losses at 256×256).
 """
 
@@ -356,8 +356,9 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="smaller shapes, for a smoke run")
     parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds per cell")
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--no-docs", action="store_true", help="print only")
+    C.add_docs_options(parser)
     args = parser.parse_args()
+    C.check_docs_request(args, ["--quick"] if args.quick else [])
     torch.set_num_threads(args.threads)
     A = load_allrank_losses()
     t0 = time.perf_counter()
@@ -383,9 +384,7 @@ def main() -> None:
     ])
     print("\n" + body + "\n")
     print(f"total {time.perf_counter() - t0:.0f} s")
-    if not args.quick and not args.no_docs:
-        C.write_section(SECTION, body)
-        print(f"updated {C.DOCS}")
+    C.write_docs(args, {SECTION: body})
 
 
 if __name__ == "__main__":

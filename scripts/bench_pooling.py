@@ -13,23 +13,16 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import tempfile
 from pathlib import Path
 
-from hydra import compose, initialize_config_module
-
-from hybridrank.cli.train import CONF_MODULE, train
+import _common as C
 
 METRICS = ("ndcg@10", "gauc", "logloss", "ece", "pcoc")
 
 
 def run(loss: str, scope: str, seed: int, epochs: int, users: int) -> dict:
-    with tempfile.TemporaryDirectory() as d, initialize_config_module(CONF_MODULE, version_base="1.3"):
-        cfg = compose("config", overrides=[
-            f"paths.output_dir={d}", f"loss={loss}", f"data.scope={scope}", f"seed={seed}",
-            f"trainer.max_epochs={epochs}", f"data.source.n_users={users}",
-            "trainer.enable_progress_bar=false", "logger=csv"])
-        result = train(cfg)
+    result = C.train_hybrid([f"loss={loss}", f"data.scope={scope}", f"seed={seed}",
+                             f"trainer.max_epochs={epochs}", f"data.source.n_users={users}"]).result
     return {m: result["test"][f"test/{m}"] for m in METRICS}
 
 

@@ -1,4 +1,8 @@
-"""The scorers on real data: MQ2008 (5 folds), the MSLR-WEB subset and the Open Bandit sample.
+"""Which scorer? The scorers on real data: MQ2008 (5 folds), the MSLR-WEB subset, Open Bandit.
+
+The question of this script is the scorer (``model=``), each with the pointwise anchor and the
+default hybrid; ``bench_letor.py`` asks which loss, on MQ2008's standard protocol. Both train
+through ``_common.train_hybrid`` and ``_common.fit_lightgbm``.
 
 Every hybridrank scorer (``mlp``, ``fm``, ``deepfm``, ``dcnv2``, ``list_aware``) with each loss of
 ``--losses`` (default ``bce``, the pointwise anchor, and ``bce_softmax``, the default hybrid),
@@ -25,12 +29,13 @@ features) as LightGBM categorical features.
 
 Usage::
 
-    python scripts/bench_real.py                           # all three data sets (~30 min, 2 cores)
+    python scripts/bench_real.py --write-docs              # all three data sets (~30 min, 2 cores)
     python scripts/bench_real.py --datasets mq2008 --folds 1 --models mlp lgbm_binary
     python scripts/bench_real.py --quick                   # smoke test: fold 1, 3 epochs
 
-Writes ``results/real.json`` (``--out``), prints Markdown tables and (unless ``--no-docs`` or
-``--quick``) rewrites the "Scorers on real data" section of ``docs/BENCHMARKS.md``.
+Writes ``results/real.json`` (``--out``) and prints Markdown tables; ``--write-docs`` rewrites the
+"Scorers on real data" section of ``docs/BENCHMARKS.md``, only from a complete run (every data
+set, fold, scorer and loss of the defaults, no ``--quick``, no failed row).
 """
 
 from __future__ import annotations
@@ -95,7 +100,7 @@ def settings(dataset: str, fold: int | None) -> list[list[str]]:
 
 def run_setting(dataset: str, data_ov: list[str], runs: list[tuple[str, str | None]], args) -> dict:
     splits = C.load_splits(data_ov)
-    out = {"logits": {}, "fit_seconds": {}, "info": {}, "test": splits.test}
+    out = {"logits": {}, "fit_seconds": {}, "info": {}, "test": splits.test, "failed": []}
     for model, loss in runs:
         name = f"{model}|{loss}" if loss else model
         t = time.perf_counter()
@@ -106,10 +111,12 @@ def run_setting(dataset: str, data_ov: list[str], runs: list[tuple[str, str | No
                 info = {"best_iteration": r["best_iteration"]}
             else:
                 ov = [*scorer_overrides(model, dataset, args.quick), *data_ov[1:], f"loss={loss}"]
-                r = C.fit_hybrid(ov, splits)
-                info = {"epochs": r["epochs"], "best_epoch": r["best_epoch"]}
+                run = C.train_hybrid(ov, splits=splits)
+                r = {"fit_seconds": run.result["fit_seconds"], "z_val": run.z_val, "z_test": run.z_test}
+                info = {"best_epoch": run.result.get("val_epoch")}
         except Exception as e:  # one failing row must not cost the table
             print(f"  [{dataset}] {name}: FAILED {type(e).__name__}: {e}", flush=True)
+            out["failed"].append(name)
             continue
         val = C.evaluate(splits.val, r["z_val"].float(), empties=("skip",))["skip"]
         info["val_logloss"], info["val_ndcg@10"] = val.get("logloss"), val.get("ndcg@10")
@@ -211,11 +218,17 @@ def main(argv: list[str] | None = None) -> None:
                    help="torch intra-op threads (1: the nets are tiny on these data sets)")
     p.add_argument("--quick", action="store_true")
     p.add_argument("--out", default=None)
-    p.add_argument("--no-docs", action="store_true")
+    C.add_docs_options(p)
     args = p.parse_args(argv)
+    complete = dict(datasets=list(DATASETS), folds="1-5", models=[*HYBRID, *LGBM],
+                    losses=["bce", "bce_softmax"], n_boot=1000)
+    C.check_docs_request(args, ["--quick"] * args.quick + [
+        f"--{k.replace('_', '-')} {getattr(args, k)}" for k, v in complete.items()
+        if (sorted(getattr(args, k)) != sorted(v) if isinstance(v, list) else getattr(args, k) != v)])
     if args.quick:
         args.folds, args.n_boot = "1", min(args.n_boot, 200)
     args.out = args.out or str(C.RESULTS / ("real_quick.json" if args.quick else "real.json"))
+    C.require_lightgbm(args.models)
     torch.set_num_threads(args.threads)
     C.quiet()
     C.data_root()
@@ -224,6 +237,7 @@ def main(argv: list[str] | None = None) -> None:
     names = [f"{m}|{loss}" if loss else m for m, loss in runs]
     t_start = time.perf_counter()
     texts, dump = [], {"machine": C.machine(), "lgbm": LGBM_PARAMS, "small_data": SMALL_DATA}
+    failures: list[str] = []
     for ds in args.datasets:
         t0 = time.perf_counter()
         folds = C.parse_folds(args.folds) if ds == "mq2008" else [None]
@@ -232,6 +246,7 @@ def main(argv: list[str] | None = None) -> None:
             for data_ov in settings(ds, k):
                 print(f"{ds}" + (f" fold {k}" if k else ""), flush=True)
                 results.append(run_setting(ds, data_ov, runs, args))
+                failures += [f"{ds}{f' fold {k}' if k else ''} {n}" for n in results[-1]["failed"]]
         table, summary = dataset_table(ds, results, names, args)
         dump[ds] = {"summary": summary, "seconds": time.perf_counter() - t0,
                     "folds": folds if ds == "mq2008" else None}
@@ -241,17 +256,15 @@ def main(argv: list[str] | None = None) -> None:
         Path(args.out).write_text(json.dumps(dump, indent=2, default=float))
     elapsed = time.perf_counter() - t_start
     print(f"wall time {elapsed / 60:.1f} min\nJSON: {args.out}")
-    if not (args.no_docs or args.quick):
-        cmd = "python scripts/bench_real.py " + " ".join(sys.argv[1:] if argv is None else argv)
-        C.write_section("Scorers on real data", (
-            f"Generated {time.strftime('%Y-%m-%d')} by `{cmd.strip()}` on {C.machine()}; total "
-            f"wall time {elapsed / 60:.0f} min. Intervals: 95 % percentile bootstrap over test "
-            f"requests ({args.n_boot} replicates, seed {args.seed}); Δ columns: paired bootstrap "
-            "difference to the LightGBM row (* = significant at 5 %). `empty=\"skip\"`; "
-            "calibration on label > 0; † = not a probability by design. Fit times on a shared "
-            "machine: compare the ratios within a table, not the seconds.\n\n"
-            + "\n\n".join(texts)))
-        print(f"updated {C.DOCS}")
+    cmd = "python scripts/bench_real.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    C.write_docs(args, {"Scorers on real data": (
+        f"Generated {time.strftime('%Y-%m-%d')} by `{cmd.strip()}` on {C.machine()}; total "
+        f"wall time {elapsed / 60:.0f} min. Intervals: 95 % percentile bootstrap over test "
+        f"requests ({args.n_boot} replicates, seed {args.seed}); Δ columns: paired bootstrap "
+        "difference to the LightGBM row (* = significant at 5 %). `empty=\"skip\"`; "
+        "calibration on label > 0; † = not a probability by design. Fit times on a shared "
+        "machine: compare the ratios within a table, not the seconds.\n\n"
+        + "\n\n".join(texts))}, failures=failures)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """Sweep the pointwise / ranking mixing weight of each hybrid loss: ordering vs calibration.
 
-For every hybrid (``bce_softmax``, ``calibrated_softmax``, ``rcr``, ``jrc``, ``bce_ranknet``) and
+For every hybrid (``bce_softmax``, ``bce_calibrated_softmax``, ``rcr``, ``jrc``, ``bce_ranknet``) and
 every ``point_weight`` w, train with ``model.loss.point_weight=w`` and the ranking term's weight
 ``1 - w`` (hydra overrides of ``conf/loss/<name>.yaml``), then record the test NDCG@10, ECE
 (15 quantile bins) and log loss. w = 1 is pure BCE (trained once and shared by the one-logit
@@ -10,12 +10,13 @@ Datasets: ``sim`` (the click-log simulator, fewer users than the default to stay
 the true click probability, so the plots also show the oracle's NDCG and the Bayes log loss) and
 ``mq2008`` (MQ2008 Fold1 with ``experiment=letor``; early stopping on its validation part).
 
-Writes ``results/pareto_<dataset>.json`` and ``.png`` (NDCG@10 vs ECE and vs log loss) and a
-summary table into ``docs/BENCHMARKS.md``.
+Writes ``results/pareto_<dataset>.json`` and ``.png`` (NDCG@10 vs ECE and vs log loss) and, with
+``--write-docs`` after a complete run (7 weights, every hybrid, no ``--quick``), a summary table
+into ``docs/BENCHMARKS.md``.
 
 Usage::
 
-    python scripts/pareto.py                     # both datasets, 7 weights (~15-20 min)
+    python scripts/pareto.py --write-docs        # both datasets, 7 weights (~15-20 min)
     python scripts/pareto.py --quick             # 3 weights, fewer simulated users
     python scripts/pareto.py --datasets mq2008   # one dataset (run two in parallel on 2 cores)
 """
@@ -31,7 +32,7 @@ import _common as C
 import torch
 
 #: hybrid loss config -> the name of its ranking term in ``terms:``
-HYBRIDS = {"bce_softmax": "softmax", "calibrated_softmax": "calibrated_softmax", "rcr": "rcr",
+HYBRIDS = {"bce_softmax": "softmax", "bce_calibrated_softmax": "calibrated_softmax", "rcr": "rcr",
            "jrc": "jrc", "bce_ranknet": "ranknet"}
 WEIGHTS = (0.0, 0.1, 0.25, 0.5, 0.75, 0.9, 1.0)
 QUICK_WEIGHTS = (0.0, 0.5, 1.0)
@@ -54,7 +55,7 @@ def run_point(base: list[str], loss: str, w: float) -> dict:
         over += [f"model.loss.point_weight={w}", f"model.loss.terms.{term}.weight={1.0 - w}"]
     torch.manual_seed(0)
     t0 = time.perf_counter()
-    result, *_ = C.train_hybrid(over)
+    result = C.train_hybrid(over).result
     test = {k.removeprefix("test/"): v for k, v in result["test"].items()}
     return {"loss": loss, "w": w, "seconds": time.perf_counter() - t0,
             **{k: test.get(k, math.nan) for k in KEYS},
@@ -157,9 +158,13 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--weights", nargs="+", type=float, default=None)
     p.add_argument("--quick", action="store_true", help="3 weights, fewer simulated users")
     p.add_argument("--sim-users", type=int, default=None)
-    p.add_argument("--no-docs", action="store_true")
+    C.add_docs_options(p)
     p.add_argument("--threads", type=int, default=1)
     args = p.parse_args(argv)
+    C.check_docs_request(args, [why for bad, why in [
+        (args.quick, "--quick"), (args.weights is not None, "--weights"),
+        (set(args.hybrids) != set(HYBRIDS), "--hybrids"), (args.sim_users is not None, "--sim-users")]
+        if bad])
     torch.set_num_threads(args.threads)
     C.quiet()
     weights = tuple(args.weights) if args.weights else (QUICK_WEIGHTS if args.quick else WEIGHTS)
@@ -178,14 +183,13 @@ def main(argv: list[str] | None = None) -> None:
         table = summary_table(res)
         print("\n" + table + f"\n\n{json_path}, {png_path} ({res['seconds'] / 60:.1f} min)\n",
               flush=True)
-        if not args.no_docs:
-            title = "simulated log" if name == "sim" else "MQ2008 Fold1"
-            C.write_section(f"Pareto: {title}", (
-                f"Generated {time.strftime('%Y-%m-%d')} by `python scripts/pareto.py "
-                f"--datasets {name}{' --quick' if args.quick else ''}` "
-                f"(overrides: `{' '.join(o for o in res['overrides'] if 'source.' not in o)}`; "
-                f"{res['seconds'] / 60:.1f} min). Plot: `results/pareto_{name}.png`. Test split "
-                "metrics, one seed, so differences of ~0.01 NDCG are within noise.\n\n" + table))
+        title = "simulated log" if name == "sim" else "MQ2008 Fold1"
+        C.write_docs(args, {f"Pareto: {title}": (
+            f"Generated {time.strftime('%Y-%m-%d')} by `python scripts/pareto.py "
+            f"--datasets {name} --write-docs` "
+            f"(overrides: `{' '.join(o for o in res['overrides'] if 'source.' not in o)}`; "
+            f"{res['seconds'] / 60:.1f} min). Plot: `results/pareto_{name}.png`. Test split "
+            "metrics, one seed, so differences of ~0.01 NDCG are within noise.\n\n" + table)})
 
 
 if __name__ == "__main__":

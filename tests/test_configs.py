@@ -6,7 +6,6 @@ Options are discovered from ``conf/``: a new option (or a new group) without cov
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import hydra
@@ -24,12 +23,25 @@ from hybridrank.models.ranker import HybridRanker
 from hybridrank.serving.calibration import Calibrator
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
-SMALL = ["data.source.n_users=60", "paths.output_dir=/tmp/hybridrank-configs"]
+SMALL = ["data.source.n_users=60"]
 REAL = {"letor_mq2008", "mslr", "open_bandit"}
 #: group -> how it is checked below
 GROUPS = {"data", "batching", "model", "loss", "optimizer", "scheduler", "metrics", "trainer",
           "callbacks", "logger", "calibrator", "experiment", "debug", "paths", "hydra",
           "position_bias"}
+
+
+@pytest.fixture(scope="module")
+def compose_cfg(compose_cfg, tmp_path_factory):
+    """conftest's ``compose_cfg`` writing (if at all) into a temporary folder of this module."""
+    out = tmp_path_factory.mktemp("configs")
+
+    def compose(name: str = "config", *overrides: str):
+        if not any(o.startswith("paths.output_dir=") for o in overrides):
+            overrides = (*overrides, f"paths.output_dir={out}")
+        return compose_cfg(name, *overrides)
+
+    return compose
 
 
 def options(group: str) -> list[str]:
@@ -55,9 +67,8 @@ def data_overrides(name: str, sim_log: Path) -> list[str]:
         return ["data=sim", *SMALL]
     if name in ("clicklog", "clicklog_stream"):
         extra = ["data.source.chunk_rows=2000"] if name == "clicklog_stream" else []
-        return [f"data={name}", f"data.source.path={sim_log}", *extra,
-                "paths.output_dir=/tmp/hybridrank-configs"]
-    return [f"data={name}", "paths.output_dir=/tmp/hybridrank-configs"]
+        return [f"data={name}", f"data.source.path={sim_log}", *extra]
+    return [f"data={name}"]
 
 
 @pytest.mark.parametrize("name", options("data"))
@@ -171,8 +182,7 @@ def test_logger_options(name, compose_cfg, tmp_path):
 @pytest.mark.parametrize("name", options("calibrator"))
 @pytest.mark.parametrize("command", ["export", "eval"])
 def test_calibrator_options(name, command, compose_cfg):
-    cfg = compose_cfg(command, f"calibrator={name}", "checkpoint=x.ckpt",
-                      "paths.output_dir=/tmp/hybridrank-configs")
+    cfg = compose_cfg(command, f"calibrator={name}", "checkpoint=x.ckpt")
     assert isinstance(hydra.utils.instantiate(cfg.calibrator), Calibrator)
     assert cfg.task_name == command
 
@@ -203,8 +213,7 @@ def test_experiment_options(name, compose_cfg, request, monkeypatch):
         real = request.getfixturevalue("real_data")
         monkeypatch.setenv("HYBRIDRANK_REAL_DATA", str(real))
     extra = ["data.source.n_users=60"] if name == "position_bias" else []
-    cfg = compose_cfg("config", f"experiment={name}", "paths.output_dir=/tmp/hybridrank-configs",
-                      *extra)
+    cfg = compose_cfg("config", f"experiment={name}", *extra)
     dm = hydra.utils.instantiate(cfg.data)
     m = build_model(cfg, dm)
     assert m.scorer.n_numeric == len(dm.schema.numeric)
@@ -218,8 +227,59 @@ def test_debug_options(name, compose_cfg):
 
 def test_paths_and_hydra_are_shared(compose_cfg):
     """One paths node and one hydra node for train, export and eval."""
+    from hybridrank.conf import real_data_dir
+
     for command in ("config", "export", "eval"):
         cfg = compose_cfg(command, "checkpoint=x.ckpt") if command != "config" else compose_cfg(command)
-        assert cfg.paths.data_dir == os.environ.get("HYBRIDRANK_REAL_DATA", "../shared/data")
+        assert cfg.paths.data_dir == real_data_dir()
     for group in ("paths", "hydra"):
         assert options(group) == ["default"]
+
+
+def test_real_data_folder_is_found_from_anywhere(compose_cfg, monkeypatch, tmp_path):
+    """Without HYBRIDRANK_REAL_DATA the shared data is ../shared/data relative to the repository,
+    not to the working directory (README commands run from any folder)."""
+    monkeypatch.delenv("HYBRIDRANK_REAL_DATA", raising=False)
+    monkeypatch.chdir(tmp_path)
+    cfg = compose_cfg("config", "data=letor_mq2008")
+    expected = CONF.parent.parent / "shared" / "data" / "letor" / "MQ2008" / "Fold1" / "train.txt"
+    assert Path(cfg.data.source.train) == expected
+    monkeypatch.setenv("HYBRIDRANK_REAL_DATA", str(tmp_path / "elsewhere"))
+    cfg = compose_cfg("config", "data=letor_mq2008")
+    assert cfg.data.source.train == f"{tmp_path}/elsewhere/letor/MQ2008/Fold1/train.txt"
+
+
+DEPRECATED_LOSSES = {p.stem: p for p in (CONF / "loss").glob("*.yaml")
+                     if "deprecated_names:" in p.read_text()}
+
+
+def test_old_loss_names_are_aliases_that_warn(compose_cfg, caplog):
+    """listmle, approxndcg, ... are the old names of bce_listmle, bce_approx_ndcg, ...: the same
+    model.loss, and a warning naming the new one."""
+    from omegaconf import OmegaConf
+
+    from hybridrank.cli.train import warn_deprecated_names
+
+    assert {"listmle", "approxndcg", "neuralndcg", "lambdaloss", "position_aware_listmle",
+            "calibrated_softmax"} <= set(DEPRECATED_LOSSES)
+    for old in DEPRECATED_LOSSES:
+        cfg = compose_cfg("config", f"loss={old}")
+        (key, new), = cfg.deprecated_names.items()
+        assert key == f"loss={old}" and new.startswith("loss=bce_")
+        target = compose_cfg("config", new)
+        assert OmegaConf.to_container(cfg.model.loss) == OmegaConf.to_container(target.model.loss)
+        assert "deprecated_names" not in target
+        with caplog.at_level("WARNING"):
+            lines = warn_deprecated_names(cfg)
+        assert lines == [f"loss={old} is deprecated: use {new} (the same config under a name that "
+                         "says what it is)"]
+        assert lines[0] in caplog.text
+
+
+def test_listmle_breaks_ties_at_random_by_default(compose_cfg):
+    """A fixed tie order (seed 0) ranks worse than random on click data (issue 19): the shipped
+    ListMLE configs draw a new order at every call; a fixed seed is an explicit override."""
+    for name in ("bce_listmle", "bce_position_aware_listmle"):
+        cfg = compose_cfg("config", f"loss={name}")
+        (term,) = cfg.model.loss.terms.values()
+        assert term.options.seed is None, name

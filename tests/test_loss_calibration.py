@@ -114,9 +114,9 @@ def test_bce_is_calibrated(sim):
 
 @pytest.mark.slow
 def test_shipped_calibrated_softmax_mix_is_calibrated(sim):
-    """conf/loss/calibrated_softmax.yaml (0.5 BCE + 0.5 calibrated softmax) is as calibrated as
+    """conf/loss/bce_calibrated_softmax.yaml (0.5 BCE + 0.5 calibrated softmax) is as calibrated as
     BCE: the sigmoid link makes ``σ(s) = p`` the optimum of both terms."""
-    loss = _shipped("calibrated_softmax")
+    loss = _shipped("bce_calibrated_softmax")
     assert loss.point_weight == 0.5 and loss.terms["calibrated_softmax"][1] == 0.5
     ece, pcoc = _fit(loss, sim)
     assert ece < ECE_TIGHT and abs(pcoc - 1) < PCOC_TIGHT, (ece, pcoc)

@@ -781,7 +781,11 @@ def test_hybrid_zero_point_weight_and_nothing_to_learn():
     assert (s.grad == 0).all()
 
 
-@pytest.mark.parametrize("path", sorted(CONF.glob("*.yaml")), ids=lambda p: p.stem)
+#: the loss configs proper (the others are deprecated old names of these, tests/test_configs.py)
+LOSS_CONFIGS = sorted(p for p in CONF.glob("*.yaml") if "deprecated_names:" not in p.read_text())
+
+
+@pytest.mark.parametrize("path", LOSS_CONFIGS, ids=lambda p: p.stem)
 def test_yaml_configs_instantiate(path):
     hydra_utils = pytest.importorskip("hydra.utils")
     omegaconf = pytest.importorskip("omegaconf")
@@ -799,5 +803,23 @@ def test_yaml_configs_instantiate(path):
 
 
 def test_yaml_configs_present():
-    names = {p.stem for p in CONF.glob("*.yaml")}
-    assert {"bce", "softmax", "bce_softmax", "calibrated_softmax", "rcr", "jrc"} <= names
+    names = {p.stem for p in LOSS_CONFIGS}
+    assert {"bce", "softmax", "bce_softmax", "bce_calibrated_softmax", "rcr", "jrc"} <= names
+
+
+def test_loss_config_names_say_what_they_hold():
+    """A config adding BCE to a ranking term that is not a hybrid by itself is named bce_<term>
+    (``softmax`` is the pure ranking loss, ``bce_softmax`` the hybrid); RCR and JRC are hybrids
+    by definition (Bai et al. 2023, Sheng et al. 2023). Term names are registry keys."""
+    omegaconf = pytest.importorskip("omegaconf")
+    for path in LOSS_CONFIGS:
+        node = omegaconf.OmegaConf.load(path)
+        terms = dict(node.terms)
+        for name, term in terms.items():
+            assert term.get("loss", name) in L.LOSSES, (path.stem, name)
+        if not terms:
+            assert path.stem == "bce" and node.point_weight == 1.0
+        elif node.point_weight == 0:
+            assert path.stem == next(iter(terms)), path.stem  # a pure ranking loss: its term's name
+        elif path.stem not in ("rcr", "jrc"):
+            assert path.stem == "bce_" + "_".join(terms), path.stem

@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
+import polars as pl
 import pytest
 import torch
 
@@ -16,7 +18,8 @@ WORKER = Path(__file__).with_name("resume_worker.py")
 
 
 def run(args, cwd, **kw):
-    env = dict(os.environ, PYTHONWARNINGS="ignore", PYTHONPATH=str(WORKER.parent))
+    path = os.pathsep.join(p for p in (str(WORKER.parent), os.environ.get("PYTHONPATH")) if p)
+    env = dict(os.environ, PYTHONWARNINGS="ignore", PYTHONPATH=path)
     return subprocess.run(args, cwd=cwd, capture_output=True, text=True, timeout=600, env=env, **kw)
 
 
@@ -48,3 +51,66 @@ def test_sigkill_mid_epoch_then_resume_gives_identical_metrics(tmp_path):
         assert b["test"][k] == pytest.approx(v, abs=1e-6), k
     for k, v in a["val"].items():
         assert b["val"][k] == pytest.approx(v, abs=1e-6), k
+    assert a["val_epoch"] == b["val_epoch"]
+    # one history: the resumed run's logs/metrics.csv is the uninterrupted run's, rows before the
+    # crash included (Lightning's CSV logger deleted them), none logged twice
+    csv_a = pl.read_csv(full / "logs" / "metrics.csv")
+    csv_b = pl.read_csv(crashed / "logs" / "metrics.csv")
+    assert csv_a.columns == csv_b.columns and csv_a.height == csv_b.height
+    assert csv_a["step"].to_list() == csv_b["step"].to_list()
+    assert csv_a["epoch"].to_list() == csv_b["epoch"].to_list()
+    for c in csv_a.columns:
+        x, y = csv_a[c].cast(pl.Float64).to_numpy(), csv_b[c].cast(pl.Float64).to_numpy()
+        assert np.array_equal(np.isnan(x), np.isnan(y)), c
+        assert np.allclose(x[~np.isnan(x)], y[~np.isnan(y)], atol=1e-6), c
+    # the same checkpoints, no duplicate "-v1" of an epoch trained again after the resume
+    names = sorted(f.name for f in (full / "checkpoints").glob("*.ckpt"))
+    assert sorted(f.name for f in (crashed / "checkpoints").glob("*.ckpt")) == names
+    assert Path(b["best_checkpoint"]).name == Path(a["best_checkpoint"]).name
+
+    # resuming a finished run says so and does nothing
+    before = (crashed / "metrics.json").read_bytes(), (crashed / "logs" / "metrics.csv").read_bytes()
+    mtimes = {f.name: f.stat().st_mtime_ns for f in (crashed / "checkpoints").iterdir()}
+    p = run([*cmd, str(crashed)], tmp_path)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "already finished" in p.stdout and "nothing to resume" in p.stdout
+    assert "epoch 1/" not in p.stdout + p.stderr  # nothing trained
+    assert ((crashed / "metrics.json").read_bytes(), (crashed / "logs" / "metrics.csv").read_bytes()) \
+        == before
+    assert {f.name: f.stat().st_mtime_ns for f in (crashed / "checkpoints").iterdir()} == mtimes
+
+
+@pytest.mark.slow
+def test_metrics_json_reports_the_kept_checkpoint_epoch(tmp_path, compose_cfg):
+    """metrics.json's val figures and optimized_metric are the best checkpoint's epoch, not the
+    last epoch's (what a sweeper ranks runs by), and the checkpoint names count epochs from 1."""
+    from hybridrank.cli.train import train
+
+    # a learning rate that overfits after the first epoch: the best epoch is not the last
+    cfg = compose_cfg("config", f"paths.output_dir={tmp_path}", "data.source.n_users=300",
+                      "trainer.max_epochs=3", "trainer.enable_progress_bar=false",
+                      "model.optimizer.lr=0.03", "callbacks.early_stopping.patience=5",
+                      "intervals.n_boot=0")
+    result = train(cfg)
+    history = pl.read_csv(tmp_path / "logs" / "metrics.csv").filter(pl.col("val/logloss").is_not_null())
+    assert history["epoch"].to_list() == [1, 2, 3]  # 1-based
+    losses = dict(zip(history["epoch"].to_list(), history["val/logloss"].to_list()))
+    best_epoch = min(losses, key=losses.get)
+    assert best_epoch != 3, f"the setting no longer overfits: {losses}"
+    saved = json.loads((tmp_path / "metrics.json").read_text())
+    assert saved["val_epoch"] == best_epoch
+    assert saved["val"]["val/logloss"] == pytest.approx(losses[best_epoch], abs=1e-6)
+    assert saved["optimized_metric"] == pytest.approx(losses[best_epoch], abs=1e-6)
+    assert Path(result["best_checkpoint"]).name == f"epoch{best_epoch:02d}.ckpt"
+    assert int(torch.load(result["best_checkpoint"], weights_only=True)["epoch"]) == best_epoch - 1
+
+
+@pytest.mark.slow
+def test_progress_bar_counts_epochs_from_one(tmp_path, compose_cfg, capfd):
+    from hybridrank.cli.train import train
+
+    train(compose_cfg("config", f"paths.output_dir={tmp_path}", "data.source.n_users=60",
+                      "trainer.max_epochs=2", "trainer.enable_progress_bar=true", "intervals.n_boot=0"))
+    out = "".join(capfd.readouterr())  # Lightning's bar writes to stdout
+    assert "Epoch 1:" in out and "Epoch 2:" in out, out[-2000:]
+    assert "Epoch 0:" not in out

@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
+from hybridrank.cli._app import cli_errors
 from hybridrank.metrics.request_stats import request_offsets
 from hybridrank.metrics.uncertainty import compare_bootstrap, format_interval
 from hybridrank.serving.auction import MECHANISMS, auction_stats, position_factors, replay_auctions
@@ -146,6 +147,7 @@ def compare_auctions(frames: Mapping[str, pl.DataFrame], *, truth: np.ndarray | 
     return "\n".join(lines)
 
 
+@cli_errors("hybridrank-auction")
 def main(argv: list[str] | None = None) -> int:
     """Console script ``hybridrank-auction``: auction replay of score files, Markdown to stdout."""
     ap = argparse.ArgumentParser(prog="hybridrank-auction", description=main.__doc__)

@@ -1,20 +1,35 @@
-"""Lightning callbacks of hybridrank's own (the rest come from Lightning through ``conf/callbacks``).
+"""Lightning callbacks and the logger of hybridrank's own (the rest come from Lightning through
+``conf/callbacks`` and ``conf/logger``).
 
-:class:`EpochLog` writes one line per epoch through Python logging (hydra sends it to the console
-and to the run's log file): the readable record of a run whose output is not a terminal, where a
-progress bar would write thousands of carriage returns (``trainer.enable_progress_bar: auto``
-turns the bar off there).
+- :class:`EpochLog` writes one line per epoch through Python logging (hydra sends it to the console
+  and to the run's log file): the readable record of a run whose output is not a terminal, where a
+  progress bar would write thousands of carriage returns (``trainer.enable_progress_bar: auto``
+  turns the bar off there).
+- :class:`EpochCheckpoint`: Lightning's ``ModelCheckpoint`` with 1-based epochs in file names
+  (``epoch01.ckpt`` is the first epoch, as in the log lines).
+- :class:`EpochProgressBar`: Lightning's progress bar, counting epochs from 1.
+- :class:`ValHistory`: every epoch's validation metrics, kept in the checkpoints, so that
+  ``metrics.json`` reports the epoch of the checkpoint the run keeps, across resumes too.
+- :class:`CSVHistoryLogger`: Lightning's ``CSVLogger`` whose ``metrics.csv`` survives a resume.
 """
 
 from __future__ import annotations
 
+import csv
 import logging
 import math
+import os
 import time
+from pathlib import Path
+from typing import Any
 
 import pytorch_lightning as pl
+from pytorch_lightning.callbacks import ModelCheckpoint, TQDMProgressBar
+from pytorch_lightning.loggers import CSVLogger
+from pytorch_lightning.loggers.csv_logs import ExperimentWriter
+from pytorch_lightning.loggers.logger import rank_zero_experiment
 
-__all__ = ["EpochLog"]
+__all__ = ["EpochLog", "EpochCheckpoint", "EpochProgressBar", "ValHistory", "CSVHistoryLogger"]
 
 log = logging.getLogger("hybridrank")
 
@@ -46,3 +61,107 @@ class EpochLog(pl.Callback):
                 parts.append(f"{key} {float(m[key]):.5f}")
         parts.append(f"{time.perf_counter() - self._t0:.1f} s")
         log.info(" | ".join(parts))
+
+
+class EpochCheckpoint(ModelCheckpoint):
+    """``ModelCheckpoint`` whose ``{epoch}`` in file names counts from 1: ``epoch01.ckpt`` holds
+    the first epoch, as the log lines and ``metrics.json`` count (Lightning counts from 0)."""
+
+    def format_checkpoint_name(self, metrics: dict[str, Any], filename: str | None = None,
+                               ver: int | None = None, prefix: str | None = None) -> str:
+        if "epoch" in metrics:
+            metrics = {**metrics, "epoch": metrics["epoch"] + 1}
+        return super().format_checkpoint_name(metrics, filename, ver, prefix)
+
+
+class ValHistory(pl.Callback):
+    """Every epoch's ``val/`` metrics, ``{epoch (0-based): {name: value}}``.
+
+    Its state travels in every checkpoint (``last.ckpt`` included), so a resumed run still knows
+    the epochs before the crash. ``hybridrank-train`` adds it to every trainer: ``metrics.json``
+    reports the validation figures of the epoch whose checkpoint it keeps.
+    """
+
+    def __init__(self) -> None:
+        self.history: dict[int, dict[str, float]] = {}
+
+    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if trainer.sanity_checking or trainer.state.fn != "fit":
+            return
+        self.history[int(trainer.current_epoch)] = {
+            k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("val/")}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"history": {str(k): dict(v) for k, v in self.history.items()}}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.history = {int(k): dict(v) for k, v in (state_dict.get("history") or {}).items()}
+
+
+class _AppendingWriter(ExperimentWriter):
+    """Lightning's CSV writer that appends to an existing ``metrics.csv`` (instead of deleting it)."""
+
+    def _check_log_dir_exists(self) -> None:
+        if os.path.isfile(self.metrics_file_path):
+            with open(self.metrics_file_path, newline="") as f:
+                self.metrics_keys = list(csv.DictReader(f).fieldnames or [])
+
+
+class CSVHistoryLogger(CSVLogger):
+    """Lightning's ``CSVLogger``, and one history per run: on a resume, ``metrics.csv`` keeps the
+    rows logged before the resumed checkpoint and the resumed run appends to it (Lightning's
+    logger deletes the file). A fresh run in a used folder starts a new file, as Lightning's does.
+    Its ``epoch`` column counts from 1 (test rows have none).
+    """
+
+    _resume_step: int | None = None
+
+    def resume_at(self, step: int) -> int:
+        """Keep the rows of ``metrics.csv`` logged before global step ``step`` (those after it are
+        trained again) and append from there. Returns the number of rows kept."""
+        self._resume_step = int(step)
+        path = Path(self.log_dir) / ExperimentWriter.NAME_METRICS_FILE
+        if not path.is_file():
+            return 0
+        with open(path, newline="") as f:
+            reader = csv.DictReader(f)
+            fields, rows = list(reader.fieldnames or []), list(reader)
+        kept = [r for r in rows if r.get("step") not in (None, "") and int(float(r["step"])) < step]
+        tmp = path.with_name(path.name + ".tmp")
+        with open(tmp, "w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=fields)
+            writer.writeheader()
+            writer.writerows(kept)
+        os.replace(tmp, path)
+        return len(kept)
+
+    def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
+        # epochs 1-based, as in the log lines and checkpoint names (test rows: no epoch of theirs)
+        if "epoch" in metrics and not any(k.startswith("test/") for k in metrics):
+            metrics = {**metrics, "epoch": metrics["epoch"] + 1}
+        elif "epoch" in metrics:
+            metrics = {k: v for k, v in metrics.items() if k != "epoch"}
+        super().log_metrics(metrics, step)
+
+    @property
+    @rank_zero_experiment
+    def experiment(self) -> ExperimentWriter:
+        if self._experiment is None and self._resume_step is not None:
+            self._fs.makedirs(self.root_dir, exist_ok=True)
+            self._experiment = _AppendingWriter(log_dir=self.log_dir)
+        return super().experiment
+
+
+class EpochProgressBar(TQDMProgressBar):
+    """Lightning's progress bar with the epoch counted from 1 (``Epoch 1`` is the first), as the
+    log lines, checkpoint names and ``metrics.csv`` count."""
+
+    def on_train_epoch_start(self, trainer: pl.Trainer, *args: Any) -> None:
+        # Lightning's method with the description shifted (calling it would draw "Epoch 0" once)
+        if self._leave:
+            self.train_progress_bar = self.init_train_tqdm()
+        total = self.total_train_batches
+        self.train_progress_bar.reset()
+        self.train_progress_bar.total = None if total == float("inf") else total
+        self.train_progress_bar.initial = 0
+        self.train_progress_bar.set_description(f"Epoch {trainer.current_epoch + 1}")

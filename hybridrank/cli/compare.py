@@ -2,7 +2,7 @@
 
 ::
 
-    hybridrank-compare run_a/scores.parquet run_b/scores.parquet [--score pctr] [--n-boot 1000]
+    hybridrank-compare run_a/scores.parquet run_b/scores.parquet [--score-column pctr] [--n-boot 1000]
 
 Every file must score the same requests with the same labels (exports of one split by two runs);
 each gets ranking and calibration metrics with percentile bootstrap intervals over requests, and
@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
+from hybridrank.cli._app import add_deprecated_alias, cli_errors
 from hybridrank.metrics.request_stats import frame_stats
 from hybridrank.metrics.uncertainty import compare_bootstrap, format_interval
 from hybridrank.serving.export import read_score_table, require_columns
@@ -82,13 +83,18 @@ def compare_scores(frames: Mapping[str, pl.DataFrame], *, score: str = "pctr",
     return "\n".join(lines)
 
 
+@cli_errors("hybridrank-compare")
 def main(argv: list[str] | None = None) -> int:
     """Console script ``hybridrank-compare``."""
     ap = argparse.ArgumentParser(prog="hybridrank-compare", description=__doc__.splitlines()[0])
     ap.add_argument("scores", nargs="+", type=Path, help="score files (.parquet / .csv), same rows")
-    ap.add_argument("--score", default="pctr", help="probability column (also the ranking score)")
-    ap.add_argument("--label", default="label")
-    ap.add_argument("--request", default="request_id")
+    ap.add_argument("--score-column", default="pctr",
+                    help="probability column (also the ranking score)")
+    ap.add_argument("--label-column", default="label")
+    ap.add_argument("--request-column", default="request_id")
+    # the names before hybridrank-auction and -compare agreed on --*-column
+    for old in ("score", "label", "request"):
+        add_deprecated_alias(ap, f"--{old}", f"--{old}-column")
     ap.add_argument("--empty", default="skip", choices=("skip", "zero", "one"))
     ap.add_argument("--n-boot", type=int, default=1000)
     ap.add_argument("--alpha", type=float, default=0.05)
@@ -99,8 +105,9 @@ def main(argv: list[str] | None = None) -> int:
         if len(set(names)) != len(names):
             raise ValueError("the same file is given twice")
         frames = {n: read_score_table(p) for n, p in zip(names, a.scores)}
-        print(compare_scores(frames, score=a.score, label=a.label, request=a.request,
-                             n_boot=a.n_boot, alpha=a.alpha, seed=a.seed, empty=a.empty))
+        print(compare_scores(frames, score=a.score_column, label=a.label_column,
+                             request=a.request_column, n_boot=a.n_boot, alpha=a.alpha, seed=a.seed,
+                             empty=a.empty))
     except (ValueError, FileNotFoundError) as e:
         print(f"hybridrank-compare: {e}", file=sys.stderr)
         return 2

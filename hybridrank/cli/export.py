@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import json
 import logging
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -30,7 +31,8 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from hybridrank.atomic import check_writable
-from hybridrank.cli.train import CONF_DIR
+from hybridrank.cli._app import cli_errors, hydra_job, quiet_third_party
+from hybridrank.cli.train import CONF_DIR, ONE_SIDED_MARK, OUTSIDE_MARK, interval_cell
 from hybridrank.data.fingerprint import check_fingerprint
 from hybridrank.data.sources import Source
 from hybridrank.lists import ListData
@@ -55,7 +57,7 @@ from hybridrank.serving.export import (
 )
 
 __all__ = ["export", "evaluate", "export_main", "eval_main", "prepare", "load_model",
-           "input_chunks"]
+           "resolve_checkpoint", "input_chunks"]
 
 log = logging.getLogger(__name__)
 
@@ -67,14 +69,24 @@ _OPTIONAL_ROLES = ("session", "user", "time", "position", "item", "bid", "true_p
 def load_model(path: str | Path) -> HybridRanker:
     """``HybridRanker.load_from_checkpoint`` on CPU in eval mode, with errors that say what is wrong.
 
+    ``path`` is a checkpoint file, or a ``hybridrank-train`` output folder (its best checkpoint,
+    as named in its ``metrics.json``).
+
     Raises:
-        FileNotFoundError: no such file. ValueError: not a checkpoint written by
-        ``hybridrank-train`` (hyper-parameters missing).
+        FileNotFoundError: no such file. ValueError: not a checkpoint (another kind of file, named),
+        or not one written by ``hybridrank-train`` (hyper-parameters missing).
     """
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"checkpoint not found: {path}")
-    head = torch.load(path, map_location="cpu", weights_only=True)
+    path = resolve_checkpoint(path)
+    _check_checkpoint_file(path)
+    try:
+        head = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # a damaged file or a checkpoint holding arbitrary Python objects
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ValueError(f"{path} is not a readable hybridrank checkpoint ({type(e).__name__}: "
+                         f"{first[:200]})") from e
+    if not isinstance(head, dict):
+        raise ValueError(f"{path} is not a hybridrank checkpoint: it holds a "
+                         f"{type(head).__name__}, not a Lightning checkpoint")
     hp = head.get("hyper_parameters") or {}
     missing = [k for k in ("scorer", "loss", "data") if not hp.get(k)]
     if missing or "state_dict" not in head:
@@ -84,6 +96,50 @@ def load_model(path: str | Path) -> HybridRanker:
     del head
     model = HybridRanker.load_from_checkpoint(path, map_location="cpu", weights_only=True)
     return model.eval()
+
+
+def resolve_checkpoint(path: str | Path) -> Path:
+    """A checkpoint file as given, or the best checkpoint of a ``hybridrank-train`` run folder."""
+    path = Path(path)
+    if path.is_dir():
+        metrics = path / "metrics.json"
+        if not metrics.is_file():
+            raise FileNotFoundError(f"checkpoint={path} is a folder without metrics.json: give a "
+                                    f"checkpoint file or a finished hybridrank-train run folder")
+        best = json.loads(metrics.read_text()).get("best_checkpoint")
+        if not best:
+            raise ValueError(f"{metrics} names no best checkpoint (a run with callbacks=none "
+                             f"keeps none)")
+        # the run folder may have moved since: look in its own checkpoints/ too
+        candidates = [Path(best), path / "checkpoints" / Path(best).name]
+        found = next((c for c in candidates if c.is_file()), None)
+        if found is None:
+            raise FileNotFoundError(f"the best checkpoint of {path} ({Path(best).name}) is missing")
+        return found
+    if not path.is_file():
+        raise FileNotFoundError(f"checkpoint not found: {path}")
+    return path
+
+
+#: leading bytes of files that get passed as checkpoints by mistake
+_MAGIC = {b"PAR1": "a parquet file", b"\x89PNG": "a PNG image", b"\x7fELF": "an executable",
+          b"\x1f\x8b": "a gzip file", b"{": "a JSON file", b"ONNX": "an ONNX model"}
+
+
+def _check_checkpoint_file(path: Path) -> None:
+    """Refuse files that cannot be a torch checkpoint before ``torch.load`` reads them (its
+    error on such files suggests ``weights_only=False``: advice that does not apply here)."""
+    with open(path, "rb") as f:
+        head = f.read(8)
+    if head.startswith(b"PK\x03\x04") or head[:1] == b"\x80":  # torch's zip / legacy pickle
+        return
+    kind = next((what for magic, what in _MAGIC.items() if head.startswith(magic)), None)
+    if kind is None:
+        kind = "an empty file" if not head else (
+            "a text file" if all(32 <= b < 127 or b in (9, 10, 13) for b in head) else
+            "not a torch file")
+    raise ValueError(f"{path} is not a checkpoint ({kind}); give a .ckpt file written by "
+                     f"hybridrank-train (RUN_DIR/checkpoints/epochNN.ckpt) or its run folder")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -143,7 +199,8 @@ def _container(node) -> Any:
 
 def prepare(cfg: DictConfig) -> Prepared:
     """Load the checkpoint, decide the correction, fit the calibrator on ``calibration_split``."""
-    model = load_model(cfg.checkpoint)
+    path = resolve_checkpoint(cfg.checkpoint)  # a run folder: its best checkpoint
+    model = load_model(path)
     info = model.data_info
     own = not _container(cfg.get("data"))
     data_cfg = _container(cfg.get("data")) or (model.hparams.get("config") or {}).get("data")
@@ -160,7 +217,6 @@ def prepare(cfg: DictConfig) -> Prepared:
     calibrator = hydra.utils.instantiate(cal_node) if cal_node else IdentityCalibrator()
     if not isinstance(calibrator, Calibrator):
         raise ValueError(f"calibrator config must build a hybridrank Calibrator: {calibrator!r}")
-    path = Path(cfg.checkpoint)
     prep = Prepared(model, str(path.resolve()), sha256_file(path), calibrator, shift, correction,
                     None, data_cfg, training_data=own)
     if not isinstance(calibrator, IdentityCalibrator):
@@ -487,33 +543,58 @@ def _summary_line(name: str, s: Mapping[str, Any]) -> str:
     return f"| {name} | {s['logloss']:.5f} | {s['ece']:.5f} | {pc} |"
 
 
+def correction_line(c: Mapping[str, Any]) -> str:
+    """The negative-downsampling correction in words."""
+    how = "applied" if c.get("applied") else "not applied"
+    return (f"negative-downsampling correction ({c.get('mode')}): {how}; keep rate "
+            f"{c.get('neg_keep_rate'):.4g}, negatives re-weighted in training: "
+            f"{'yes' if c.get('reweight_negatives') else 'no'}")
+
+
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="export")
+@hydra_job
 def _export_hydra(cfg: DictConfig) -> None:
-    result = export(cfg)
-    print(f"wrote {result['n_rows']} rows to {result['output']}")
+    with quiet_third_party():
+        result = export(cfg)  # logs "wrote N rows to PATH"
     fit = result["calibration_fit"]
     if fit:
         print(f"calibrator fitted on the {fit['split']} split:")
         print("| | logloss | ECE | PCOC |\n|---|---|---|---|")
         print(_summary_line("before", fit["before"]))
         print(_summary_line("after", fit["after"]))
-    print(f"correction: {result['correction']}")
+    print(correction_line(result["correction"]))
     for kind, path in result["portable"].items():
         print(f"{kind}: {path}")
 
 
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="eval")
+@hydra_job
 def _eval_hydra(cfg: DictConfig) -> None:
-    result = evaluate(cfg)
+    with quiet_third_party():
+        result = evaluate(cfg)
     iv = result.get("intervals")
     if iv:
         cols = tuple(next(iter(iv["rows"].values())))
         print(f"| {result['split']} split | " + " | ".join(cols) + " |\n" + "|---" * (len(cols) + 1)
               + "|")
+        feet: dict[str, list[str]] = {}
         for name, row in iv["rows"].items():
-            cells = [f"{v[0]:.4f} [{v[1]:.4f}, {v[2]:.4f}]" if v[1] is not None else
-                     ("n/a" if v[0] is None else f"{v[0]:.4f}") for v in (row[c] for c in cols)]
+            cells = []
+            for c in cols:
+                note = iv.get("notes", {}).get(name, {}).get(c, "")
+                text, foot = interval_cell(c, *row[c], note)
+                cells.append(text)
+                if foot:
+                    feet.setdefault(foot, []).append(f"{name} {c}")
             print(f"| {name} | " + " | ".join(cells) + " |")
+        for foot, where in feet.items():
+            if foot == ONE_SIDED_MARK:
+                print(f"{foot} ECE is >= 0 and biased upwards: a point below its percentile "
+                      f"interval gets the one-sided [0, upper] ({', '.join(where)})")
+            elif foot == OUTSIDE_MARK:
+                print(f"{foot} point outside its percentile interval ({', '.join(where)})")
+            else:
+                print(f"[no interval] {', '.join(where)}: {foot}")
         for name, row in iv["paired"].items():
             d = row["logloss"]
             print(f"{name} - before, log loss: {d['diff']:+.5f} [{d['lower']:+.5f}, "
@@ -528,11 +609,13 @@ def _eval_hydra(cfg: DictConfig) -> None:
         print(f"{kind}: {path}")
 
 
+@cli_errors("hybridrank-export")
 def export_main() -> None:
     """Console script ``hybridrank-export``."""
     _export_hydra()
 
 
+@cli_errors("hybridrank-eval")
 def eval_main() -> None:
     """Console script ``hybridrank-eval``."""
     _eval_hydra()

@@ -10,6 +10,7 @@ from pathlib import Path
 import polars as pl
 
 from hybridrank.atomic import atomic_path
+from hybridrank.cli._app import cli_errors
 from hybridrank.data.simulate import simulate_clicklog
 
 __all__ = ["main"]
@@ -18,7 +19,7 @@ __all__ = ["main"]
 def _write(df: pl.DataFrame, out: Path) -> None:
     suffix = out.suffix.lower()
     if suffix not in (".parquet", ".csv"):
-        raise SystemExit(f"--out must end in .parquet or .csv, got {out}")
+        raise ValueError(f"--out must end in .parquet or .csv, got {out}")
     with atomic_path(out) as tmp:
         if suffix == ".parquet":
             df.write_parquet(tmp)
@@ -26,6 +27,7 @@ def _write(df: pl.DataFrame, out: Path) -> None:
             df.write_csv(tmp)
 
 
+@cli_errors("hybridrank-simulate")
 def main(argv: list[str] | None = None) -> int:
     """Console script ``hybridrank-simulate``: write a simulated click log to parquet or CSV."""
     ap = argparse.ArgumentParser(prog="hybridrank-simulate", description=main.__doc__)
@@ -40,6 +42,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--base-ctr", type=float, default=0.03)
     ap.add_argument("--seed", type=int, default=0)
     a = ap.parse_args(argv)
+    if a.out.suffix.lower() not in (".parquet", ".csv"):  # before minutes of simulation
+        raise ValueError(f"--out must end in .parquet or .csv, got {a.out}")
     t0 = _time.perf_counter()
     try:
         df = simulate_clicklog(

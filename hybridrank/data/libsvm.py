@@ -193,6 +193,12 @@ def _libsvm_frame(path: Path, frame: pl.DataFrame, row: np.ndarray, idx: np.ndar
             f" GiB); pass n_features (the true width: larger indices are then an error) or fix "
             f"the line")
     width = int(n_features) if n_features is not None else (int(idx.max()) if idx.size else 0)
+    seen = int(idx.max()) if idx.size else 0
+    if n_features is not None and seen < width:
+        # e.g. a 10-feature file read as MQ2008's 46: say so rather than pad in silence
+        log.warning("%s: the largest feature index is %d but n_features=%d: features %d..%d appear "
+                    "on no line and are read as 0 (%d zero column(s)); a file with fewer features "
+                    "than the config's n_features?", path, seen, width, seen + 1, width, width - seen)
     mat = np.zeros((n_rows, width), dtype=np.float64)
     mat[row, idx - 1] = val
 

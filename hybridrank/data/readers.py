@@ -407,7 +407,8 @@ def validate_frame(frame: pl.DataFrame, columns: ColumnMap, *, label_max: float,
 
     lab = frame[columns.label].cast(pl.Float64)
     fail((lab.is_null() | lab.is_nan() | (lab < 0) | (lab > label_max)).fill_null(True),
-         f"label {columns.label!r} missing, NaN or outside [0, {label_max}]", columns.label)
+         f"label {columns.label!r} missing, NaN or outside [0, label_max={label_max}] "
+         f"(data.source.label_max in the data config)", columns.label)
     if columns.position is not None:
         pos = frame[columns.position]
         fail((pos.is_null() | (pos < 1)).fill_null(True),

@@ -442,7 +442,8 @@ def _rebin(packed: Tensor, e_new: int, o_new: int, out: Tensor) -> None:
         if k < 3:
             dst.index_add_(0, idx, src[keep])
         else:
-            dst.index_reduce_(0, idx, src[keep], "amin" if k == 3 else "amax")
+            # scatter_reduce_: the same as index_reduce_ (include_self) without its beta warning
+            dst.scatter_reduce_(0, idx, src[keep], "amin" if k == 3 else "amax")
 
 
 def hist_merge(a: Tensor, b: Tensor) -> Tensor:
@@ -496,8 +497,8 @@ def hist_of(z: Tensor, p: Tensor, y: Tensor, n_bins: int) -> Tensor:
     count.index_add_(0, idx, torch.ones_like(z))
     sum_p.index_add_(0, idx, p)
     pos.index_add_(0, idx, y)
-    min_z.index_reduce_(0, idx, z, "amin")
-    max_z.index_reduce_(0, idx, z, "amax")
+    min_z.scatter_reduce_(0, idx, z, "amin")  # not index_reduce_: same result, no beta warning
+    max_z.scatter_reduce_(0, idx, z, "amax")
     return out
 
 

@@ -340,7 +340,8 @@ def interval_table(stats: Mapping[str, RequestStats], *, metrics: Sequence[str],
             report (those the first row has).
 
     Returns:
-        JSON-able ``{"rows": {row: {metric: [estimate, lower, upper]}}, "paired": {row: {metric:
+        JSON-able ``{"rows": {row: {metric: [estimate, lower, upper]}}, "notes": {row: {metric:
+        why its interval is missing or incomplete}}, "paired": {row: {metric:
         {"diff", "lower", "upper", "p_value", "verdict"}}}, "n_requests", "n_positives",
         "n_boot", "alpha", "seed"}``.
     """
@@ -350,6 +351,8 @@ def interval_table(stats: Mapping[str, RequestStats], *, metrics: Sequence[str],
                                     metrics=names)
     return {"rows": {r: {m: [iv.estimate, iv.lower, iv.upper] for m, iv in d.items()}
                      for r, d in ivs.items()},
+            # why an interval is missing or leaves resamples out (shown under report tables)
+            "notes": {r: {m: iv.note for m, iv in d.items() if iv.note} for r, d in ivs.items()},
             "paired": {r: {m: {"diff": p.diff, "lower": p.lower, "upper": p.upper,
                                "p_value": p.p_value, "verdict": p.verdict} for m, p in d.items()}
                        for r, d in paired.items()},

@@ -374,8 +374,12 @@ class HybridRanker(pl.LightningModule):
 
     def _log_metrics(self, stage: str, metrics: ListMetrics) -> None:
         values = metrics.compute()
+        # compute() has already summed the states of every rank: the values are global and equal
+        # on all ranks. sync_dist with max is exact on equal values (a mean could round) and tells
+        # Lightning the epoch-level values are synced (no sync_dist warning per metric under DDP).
         self.log_dict({f"{stage}/{k}": v.float() for k, v in values.items()
-                       if isinstance(v, torch.Tensor) and v.numel() == 1})
+                       if isinstance(v, torch.Tensor) and v.numel() == 1},
+                      sync_dist=True, reduce_fx="max")
         metrics.reset()
 
     def on_validation_epoch_end(self) -> None:

@@ -1,0 +1,102 @@
+"""The benchmark scripts: docs/BENCHMARKS.md is rewritten only when asked and only from complete
+runs; a missing optional dependency is an error; the one way the scripts train is ``train(cfg)``."""
+
+from __future__ import annotations
+
+import hashlib
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPTS = ROOT / "scripts"
+DOCS = ROOT / "docs" / "BENCHMARKS.md"
+
+
+def _script(name: str, *args: str, env_code: str = "pass", timeout: float = 1200):
+    """Run ``scripts/<name>`` in a subprocess (``env_code`` runs first, e.g. to hide a module)."""
+    code = (f"import sys, runpy; sys.path.insert(0, {str(SCRIPTS)!r}); {env_code}; "
+            f"sys.argv = [{name!r}, *{list(args)!r}]; "
+            f"runpy.run_path({str(SCRIPTS / name)!r}, run_name='__main__')")
+    return subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def _digest() -> str:
+    return hashlib.sha256(DOCS.read_bytes()).hexdigest()
+
+
+@pytest.mark.parametrize("name, args", [
+    ("bench_letor.py", ["--folds", "1"]),
+    ("bench_letor.py", ["--models", "bce_softmax"]),
+    ("bench_letor.py", ["--quick"]),
+    ("bench_real.py", ["--datasets", "mslr"]),
+    ("bench_real.py", ["--quick"]),
+    ("pareto.py", ["--quick"]),
+    ("bench_losses.py", ["--quick"]),
+    ("bench_convergence.py", ["--quick"]),
+    ("bench_auction.py", ["--quick"]),
+    ("bench_all.py", ["--only", "reader"]),
+])
+def test_partial_runs_refuse_to_write_docs_before_any_work(name, args):
+    before = _digest()
+    p = _script(name, *args, "--write-docs", timeout=300)
+    assert p.returncode != 0, p.stdout[-2000:]
+    assert "--write-docs: a partial run does not replace the published tables" in p.stderr, p.stderr[-2000:]
+    assert _digest() == before
+
+
+@pytest.mark.parametrize("name, args", [("bench_letor.py", ["--models", "lgbm_binary", "bce"]),
+                                        ("bench_real.py", ["--models", "mlp", "lgbm_binary"])])
+def test_missing_lightgbm_is_an_error(name, args):
+    before = _digest()
+    p = _script(name, *args, env_code="sys.modules['lightgbm'] = None", timeout=300)
+    assert p.returncode != 0
+    assert "LightGBM is not installed" in p.stderr and "lgbm_binary" in p.stderr, p.stderr[-2000:]
+    assert _digest() == before
+
+
+def test_write_docs_refuses_failed_rows(tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(SCRIPTS))
+    import _common as C
+
+    target = tmp_path / "B.md"
+    target.write_text("# Benchmarks\n")
+    monkeypatch.setattr(C, "DOCS", target)
+    args = type("Args", (), {"write_docs": True})()
+    with pytest.raises(SystemExit, match="1 row\\(s\\) failed: fold1 jrc"):
+        C.write_docs(args, {"s": "table"}, failures=["fold1 jrc"])
+    assert target.read_text() == "# Benchmarks\n"
+    C.write_docs(args, {"s": "table"})
+    assert "<!-- BEGIN s -->\ntable\n<!-- END s -->" in target.read_text()
+    args.write_docs = False
+    C.write_docs(args, {"s": "other"})
+    assert "other" not in target.read_text()
+
+
+def test_scripts_train_one_way():
+    """No script builds its own Lightning trainer for a model it reports (bench_train.py times the
+    training machinery itself), and one LightGBM fitter: _common.fit_lightgbm."""
+    for path in SCRIPTS.glob("*.py"):
+        text = path.read_text()
+        if path.name != "bench_train.py":
+            assert "pl.Trainer(" not in text and "build_trainer(" not in text, path.name
+        if path.name not in ("_common.py", "bench_train.py"):
+            assert "from hybridrank.cli.train import" not in text or "CONF_MODULE" in text, path.name
+            assert "lgb.train(" not in text, path.name
+    common = (SCRIPTS / "_common.py").read_text()
+    assert common.count("lgb.train(") == 1 and "train(cfg, splits=splits)" in common
+
+
+@pytest.mark.slow
+@pytest.mark.real_data
+def test_quick_letor_run_leaves_the_docs_alone(real_data, tmp_path):
+    before = _digest()
+    p = _script("bench_letor.py", "--quick", "--out", str(tmp_path / "letor.json"))
+    assert p.returncode == 0, p.stderr[-4000:]
+    assert "docs/BENCHMARKS.md not touched" in p.stdout
+    assert "hybridrank bce_softmax" in p.stdout and "LightGBM binary" in p.stdout
+    assert _digest() == before
+    assert (tmp_path / "letor.json").is_file()
