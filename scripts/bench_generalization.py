@@ -328,19 +328,27 @@ def aggregate(results: Sequence[Mapping[str, Any]]) -> str:
         for row in r["rows"]:
             by.setdefault(row["variant"], []).append({**row, "_world": r})
     lines = ["| variant | worlds | median excess | median NDCG gap | PCOC@ref in [0.95, 1.05] | "
-             "offsets within 0.1 | auto > 1 SE worse | median welfare | stopped on criterion |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "offsets within 0.1 | offsets within 0.2 | diagnosis fired (unidentifiable / identifiable) | "
+             "auto > 1 SE worse | median welfare | stopped on criterion |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, rows in by.items():
         def share(pred, pool=rows):
             pool = [x for x in pool if pred(x) is not None]
             ok = [x for x in pool if pred(x)]
             return f"{len(ok)}/{len(pool)}" if pool else "-"
-        identifiable = [x for x in rows if x["_world"]["spec"]["explore_share"] > 0]
+        # random order, or exploration requests marked in a column the model is given
+        identifiable = [x for x in rows if x["_world"]["spec"]["explore_share"] == 1.0
+                        or (x["_world"]["spec"]["explore_share"] > 0
+                            and x["_world"]["spec"]["mark_explore"])]
+        unidentifiable = [x for x in rows if x not in identifiable]
         lines.append(
             f"| {name} | {len(rows)} | {_fmt(float(np.median([x['excess'] for x in rows])))} | "
             f"{_fmt(float(np.median([x['ndcg_gap'] for x in rows])))} | "
             f"{share(lambda x: 0.95 <= x['pcoc_ref'] <= 1.05, identifiable)} | "
             f"{share(lambda x: None if x.get('offset_err') is None else x['offset_err'] <= 0.1, identifiable)} | "
+            f"{share(lambda x: None if x.get('offset_err') is None else x['offset_err'] <= 0.2, identifiable)} | "
+            f"{share(lambda x: None if x.get('identified') is None else not x['identified'], unidentifiable)}"
+            f" / {share(lambda x: None if x.get('identified') is None else not x['identified'], identifiable)} | "
             f"{share(lambda x: None if x.get('d_ll') is None else x['d_ll'] > x['d_ll_se'])} | "
             f"{_fmt(float(np.median([x['welfare'] for x in rows])))} | "
             f"{share(lambda x: None if x.get('stop') is None else x['stop'] == 'criterion')} |")
@@ -374,7 +382,16 @@ def main(argv: Sequence[str] | None = None) -> int:
                     help="confounded-logging family: worlds sorted by a noisy relevance estimate, "
                          "each with the next of these exploration shares (e.g. 0,0.01,0.05,0.1), "
                          "the exploration requests marked in a column")
+    ap.add_argument("--tables", nargs="+", type=Path, default=None, metavar="JSON",
+                    help="print the world and aggregate tables of saved --out files (merged) "
+                         "without running anything")
     a = ap.parse_args(argv)
+    if a.tables:
+        results = [r for path in a.tables for r in json.loads(path.read_text())["results"]]
+        print(world_table(results))
+        print("\n## Aggregate\n")
+        print(aggregate(results))
+        return 0
     variants = [v.strip() for v in a.variants.split(",") if v.strip()]
     unknown = [v for v in variants if v not in VARIANTS]
     if unknown:

@@ -359,8 +359,25 @@ def test_exploration_traffic_identifies_the_offsets():
     assert rep["identifiability"]["estimated_from"] == "exploration"
     assert rep["identifiability"]["identified"] is True
     assert 0.1 < rep["identifiability"]["exploration_share"] < 0.2
+    assert rep["identifiability"]["precise"] is True, rep["identifiability"]
     covered = [lo <= t <= hi for lo, hi, t in zip(rep["lower"][1:], rep["upper"][1:], offsets[1:])]
     assert sum(covered) >= 4, (rep["lower"], rep["upper"], offsets)
+
+
+def test_little_exploration_is_reported_as_imprecise():
+    """The same policy with 1/20 of the requests: the offsets stay identified, their intervals
+    widen as the exploration clicks shrink (about 1/sqrt(20)), and the verdict says IMPRECISE with
+    the widest half-width, which must match the reported intervals."""
+    seen, slot, y, is_x, offsets = _sorted_log(seed=3, n_req=2000, explore=0.15)
+    tower = PositionBias(max_position=6, n_boot=50)
+    _feed(tower, seen, slot, y, is_x, use_explore=True)
+    rep = tower.report()
+    ident = rep["identifiability"]
+    assert ident["identified"] is True and ident["precise"] is False, ident
+    assert "IMPRECISE" in ident["verdict"]
+    widest = max((hi - lo) / 2 for lo, hi in zip(rep["lower"][1:], rep["upper"][1:]) if lo is not None)
+    assert ident["widest_half_width"] == pytest.approx(widest)
+    assert widest > 0.25
 
 
 def test_propensities_reweight_toward_a_random_placement():

@@ -313,6 +313,9 @@ def position_bias_info(model: HybridRanker) -> dict | None:
         note += ("; WARNING: the position effect is NOT identified by the training log, so this "
                  "position-free pctr rests on an assumption: " + ident["verdict"])
         log.warning("position effect %s", ident["verdict"])
+    elif ident.get("precise") is False:
+        note += "; the offsets are imprecise: " + ident["verdict"]
+        log.warning("position effect %s", ident["verdict"])
     return {**report, "note": note}
 
 

@@ -73,6 +73,11 @@ _PSEUDO = 0.5  # pseudo-count of clicks and non-clicks in every logit of a ratio
 #: mean within-request rank correlation of slot and relevance above which (and 3 SE above 0) the
 #: logging policy is taken to sort by relevance
 SORTED_CORRELATION = 0.1
+#: half-width (logit) of the widest offset interval among slots 2..PRECISION_SLOTS above which an
+#: identified position effect is reported as imprecise (0.25 logit: the pCTR at some slot is
+#: uncertain by about x1.28 either way)
+PRECISE_HALF_WIDTH = 0.25
+PRECISION_SLOTS = 10
 
 
 def within_request_rank_correlation(position: torch.Tensor, relevance: torch.Tensor,
@@ -420,6 +425,18 @@ class PositionBias(nn.Module):
                                                              dtype=torch.float64), dim=0)
             lo, hi = q[0].tolist(), q[1].tolist()
         ref = self.reference_position - 1
+        ident = self.identifiability()
+        widths = [(h - l) / 2 for j, (s, l, h) in enumerate(zip(seen, lo, hi))
+                  if s and j != ref and j < PRECISION_SLOTS and l is not None and h is not None]
+        ident["widest_half_width"] = max(widths) if widths else None
+        ident["precise"] = None if not widths else max(widths) <= PRECISE_HALF_WIDTH
+        if ident["identified"] and ident["precise"] is False:
+            hw = max(widths)
+            ident["verdict"] += (
+                f"; but IMPRECISE: the widest {100 * (1 - self.alpha):.0f} % interval of slots "
+                f"2-{PRECISION_SLOTS} spans "
+                f"+-{hw:.2f} logit (the pCTR at that slot uncertain by about x{math.exp(hw):.2f} "
+                f"either way); more identifying traffic (randomised requests, clicks) narrows it")
         return {
             "reference_position": self.reference_position, "max_position": self.max_position,
             "tail": self.tail, "monotone": self.monotone,
@@ -432,7 +449,7 @@ class PositionBias(nn.Module):
             "tail_impressions": float(self.tail_count[1]),
             "updates": int(self.updates),
             "last_change": None if math.isnan(float(self.last_change)) else float(self.last_change),
-            "identifiability": self.identifiability(),
+            "identifiability": ident,
             "interval": {"n_boot": self.n_boot, "alpha": self.alpha,
                          "method": "online Poisson bootstrap over requests, given the relevance model"},
         }
