@@ -30,10 +30,12 @@ Beside them a plainly specified factorization machine (``scripts/reference_fm.py
 a batch uses, Adam 1e-3, early stopping) trained on the same train / validation rows.
 
     python scripts/bench_generalization.py --worlds 24 --seed0 1000 [--variants default,tower,...]
-        [--size small] [--jobs 1] [--write-docs]
+        [--size small] [--explore-shares 0,0.01,0.05,0.1] [--pin FIELD=VALUE ...]
+    python scripts/bench_generalization.py --tables results/generalization.json [more.json ...]
 
-The table goes to ``results/generalization.json`` (and with ``--write-docs``, from a complete run
-only, to docs/BENCHMARKS.md). Seeds from ``--seed0`` on were not used to choose any default.
+The results go to ``results/generalization.json`` (``--out``); ``--tables`` prints the world and
+aggregate tables of saved results (docs/BENCHMARKS.md, "Generalization", quotes them). Seeds
+from 1000 on were not used to choose any default (tuning used seeds below 100).
 """
 
 from __future__ import annotations
@@ -74,7 +76,18 @@ for _m in ("mlp", "linear", "fm", "deepfm", "dcnv2", "list_aware"):
         VARIANTS[f"{_m}+{_l}+feature"] = ([f"model={_m}", f"loss={_l}"], True)
         VARIANTS[f"{_m}+{_l}+tower"] = ([f"model={_m}", f"loss={_l}", "position_bias=tower"], False)
 
-SPLIT = {"by": "time", "val": 0.1, "test": 0.2, "key": "session"}   # the clicklog default
+def _clicklog_split() -> dict[str, Any]:
+    """The split of the shipped conf/data/clicklog.yaml (what the CLI runs use), for the
+    reference FM's train / validation rows."""
+    from importlib.resources import files
+
+    from omegaconf import OmegaConf
+
+    node = OmegaConf.load(str(files("hybridrank.conf") / "data" / "clicklog.yaml"))
+    return dict(OmegaConf.to_container(node.source.split))
+
+
+SPLIT = _clicklog_split()
 
 
 # ----------------------------------------------------------------------------------------------

@@ -360,6 +360,8 @@ def test_train_table_points_equal_brute_force_and_intervals_rest_on_the_same_sta
             "pcoc": sum(p) / sum(1.0 for v in labels if v > 0),
             "f_ece@item_category": gap_ref(p, labels, cat),
         }
+        from hybridrank.cli.train import interval_cell
+
         iv = result["intervals"]["rows"][name]
         cells = []
         for c in columns:
@@ -368,7 +370,7 @@ def test_train_table_points_equal_brute_force_and_intervals_rest_on_the_same_sta
             # one engine: the interval's estimate is the printed point (a percentile interval of
             # the upward-biased ECE need not contain it)
             assert est == values[name][c] and lo <= hi, (name, c)
-            cells.append(f"{est:.4f} [{lo:.4f}, {hi:.4f}]")
+            cells.append(interval_cell(c, est, lo, hi)[0])  # the table's cell of these figures
         assert f"| {name} | " + " | ".join(cells) + " |" in table
         stored = saved["test"] if name == "this model" else saved["reference"][name]
         assert all(stored[("test/" if name == "this model" else "") + c] == values[name][c]
