@@ -365,10 +365,10 @@ def test_exploration_traffic_identifies_the_offsets():
 
 
 def test_little_exploration_is_reported_as_imprecise():
-    """The same policy with 1/20 of the requests: the offsets stay identified, their intervals
-    widen as the exploration clicks shrink (about 1/sqrt(20)), and the verdict says IMPRECISE with
-    the widest half-width, which must match the reported intervals."""
-    seen, slot, y, is_x, offsets = _sorted_log(seed=3, n_req=2000, explore=0.15)
+    """The same policy with 3/20 of the requests (~40 exploration clicks per slot): the offsets
+    stay identified, their intervals widen as the exploration clicks shrink, and the verdict says
+    IMPRECISE with the widest half-width, which must match the reported intervals."""
+    seen, slot, y, is_x, offsets = _sorted_log(seed=3, n_req=6000, explore=0.15)
     tower = PositionBias(max_position=6, n_boot=50)
     _feed(tower, seen, slot, y, is_x, use_explore=True)
     rep = tower.report()
@@ -378,6 +378,24 @@ def test_little_exploration_is_reported_as_imprecise():
     widest = max((hi - lo) / 2 for lo, hi in zip(rep["lower"][1:], rep["upper"][1:]) if lo is not None)
     assert ident["widest_half_width"] == pytest.approx(widest)
     assert widest > 0.25
+
+
+def test_too_few_exploration_clicks_are_not_identification():
+    """1 % exploration of a short log: a handful of clicks in the reference slot. The verdict must
+    not call that identified (the offsets are noise; projected on monotone sequences their
+    bootstrap intervals can look narrow), and it says how many clicks there were."""
+    seen, slot, y, is_x, offsets = _sorted_log(seed=5, n_req=3000, explore=0.01)
+    tower = PositionBias(max_position=6, n_boot=50)
+    _feed(tower, seen, slot, y, is_x, use_explore=True)
+    rep = tower.report()
+    ident = rep["identifiability"]
+    ref_clicks = rep["fit_clicks"][0]
+    assert ident["estimated_from"] == "exploration"
+    assert ref_clicks < 20 and ident["identifying_clicks_reference"] == ref_clicks
+    assert ident["identified"] is False and "NOT identified" in ident["verdict"], ident
+    assert f"hold {ref_clicks:.0f} click(s) in the reference slot" in ident["verdict"]
+    # the exploration requests are what was fitted: fewer clicks than the whole log
+    assert sum(rep["fit_clicks"]) < 0.05 * sum(rep["clicks"])
 
 
 def test_propensities_reweight_toward_a_random_placement():

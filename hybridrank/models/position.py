@@ -81,6 +81,11 @@ SORTED_CORRELATION = 0.05
 #: uncertain by about x1.28 either way)
 PRECISE_HALF_WIDTH = 0.25
 PRECISION_SLOTS = 10
+#: fewest clicks of the identifying traffic (exploration requests, or propensity-weighted) in the
+#: reference slot for its offsets to count as identified: below it a ratio of click counts is
+#: noise, and a monotone projection of it can make its bootstrap intervals look narrow
+#: (measured: 1 % exploration, ~5 clicks: every offset projected to 0, intervals [0, 0])
+MIN_IDENTIFYING_CLICKS = 20
 
 
 def within_request_rank_correlation(position: torch.Tensor, relevance: torch.Tensor,
@@ -203,6 +208,7 @@ class PositionBias(nn.Module):
         self.register_buffer("seen", torch.zeros(s, dtype=f64))           # impressions ever seen
         self.register_buffer("estimated", torch.zeros(s, dtype=torch.bool))  # slots the last update fitted
         self.register_buffer("last", torch.zeros(3, s, dtype=f64))        # sums of the last update
+        self.register_buffer("last_fit", torch.zeros(3, s, dtype=f64))    # ... of the traffic it fitted
         self.register_buffer("tail_count", torch.zeros(2, dtype=f64))     # tail impressions: epoch, last update
         self.register_buffer("updates", torch.zeros((), dtype=torch.long))
         self.register_buffer("last_change", torch.full((), math.nan, dtype=f64))
@@ -344,6 +350,7 @@ class PositionBias(nn.Module):
         change = float((new - old)[est].abs().max()) if bool(est.any()) else 0.0
         self.offset.copy_(new.to(self.offset.dtype))
         self.last.copy_(sums)
+        self.last_fit.copy_(fit_sums)
         self.tail_count[1] = tail[0]
         self.tail_count[0] = 0
         self.sums.zero_()
@@ -397,7 +404,15 @@ class PositionBias(nn.Module):
         share = d[3] / d[4] if d[4] else 0.0
         mode = ("all", "exploration", "propensity")[int(self.mode)]
         sorted_policy = corr is not None and corr > SORTED_CORRELATION and (se is None or corr > 3 * se)
-        if mode != "all":
+        ref_clicks = float(self.last_fit[0, self.reference_position - 1])
+        if mode != "all" and ref_clicks < MIN_IDENTIFYING_CLICKS:
+            how = "exploration requests" if mode == "exploration" else "propensity-weighted traffic"
+            verdict, identified = (
+                f"NOT identified: the {how} hold {ref_clicks:.0f} click(s) in the reference slot "
+                f"({float(self.last_fit[0].sum()):.0f} in all; fewer than {MIN_IDENTIFYING_CLICKS}): "
+                f"offsets from so few clicks are noise and their intervals are not reliable; the "
+                f"position-free pCTR rests on them (more exploration traffic, or a longer log)"), False
+        elif mode != "all":
             how = ("exploration requests (shown in random order)" if mode == "exploration"
                    else "inverse-propensity weighted impressions")
             verdict, identified = f"identified by {how}; intervals reflect how much of it there is", True
@@ -414,6 +429,8 @@ class PositionBias(nn.Module):
             verdict, identified = (f"identified: the logged slot is independent of the model's "
                                    f"relevance (mean within-request rank correlation {corr:.2f})"), True
         return {"identified": identified, "verdict": verdict, "estimated_from": mode,
+                "identifying_clicks": float(self.last_fit[0].sum()),
+                "identifying_clicks_reference": ref_clicks,
                 "rank_correlation": corr, "rank_correlation_se": se, "requests_measured": n,
                 "exploration_share": share}
 
@@ -449,6 +466,8 @@ class PositionBias(nn.Module):
             "upper": [None if not s or j == ref else v for j, (s, v) in enumerate(zip(seen, hi))],
             "estimated": seen,
             "impressions": self.last[2].tolist(), "clicks": self.last[0].tolist(),
+            # the traffic the offsets were fitted on (all, exploration, or propensity-weighted)
+            "fit_impressions": self.last_fit[2].tolist(), "fit_clicks": self.last_fit[0].tolist(),
             "tail_impressions": float(self.tail_count[1]),
             "updates": int(self.updates),
             "last_change": None if math.isnan(float(self.last_change)) else float(self.last_change),
