@@ -70,11 +70,12 @@ __all__ = ["PositionBias", "slot_logit_step"]
 
 _TAILS = ("share", "error")
 _PSEUDO = 0.5  # pseudo-count of clicks and non-clicks in every logit of a ratio (no log(0))
-#: mean within-request rank correlation of slot and relevance above which (and 3 SE above 0) the
-#: logging policy is taken to sort by relevance. Measured on randomly built logs
+#: mean within-request rank correlation of slot and relevance above which in absolute value (and
+#: 3 SE from 0) the logging policy is taken to sort by relevance. Measured on randomly built logs
 #: (scripts/bench_generalization.py): random-order logs gave -0.01 to +0.02; relevance-sorted ones
 #: 0.14 to 0.54 with a trained model, but 0.09 when the kept checkpoint was the first epoch's (a
-#: model that has learnt little relevance sees little of the sort), hence 0.05, not 0.1
+#: model that has learnt little relevance sees little of the sort), hence 0.05, not 0.1; on a
+#: 6k-impression sorted log it came out -0.10 (offsets too steep, relevance compensating)
 SORTED_CORRELATION = 0.05
 #: half-width (logit) of the widest offset interval among slots 2..PRECISION_SLOTS above which an
 #: identified position effect is reported as imprecise (0.25 logit: the pCTR at some slot is
@@ -403,7 +404,10 @@ class PositionBias(nn.Module):
         se = math.sqrt(max(d[1] / n - corr * corr, 0.0) / n) if n > 1 else None
         share = d[3] / d[4] if d[4] else 0.0
         mode = ("all", "exploration", "propensity")[int(self.mode)]
-        sorted_policy = corr is not None and corr > SORTED_CORRELATION and (se is None or corr > 3 * se)
+        # either sign: a tower that has absorbed relevance makes the relevance model compensate
+        # in the lower slots, and the correlation can come out negative on a sorted log
+        sorted_policy = (corr is not None and abs(corr) > SORTED_CORRELATION
+                         and (se is None or abs(corr) > 3 * se))
         ref_clicks = float(self.last_fit[0, self.reference_position - 1])
         if mode != "all" and ref_clicks < MIN_IDENTIFYING_CLICKS:
             how = "exploration requests" if mode == "exploration" else "propensity-weighted traffic"
@@ -420,7 +424,7 @@ class PositionBias(nn.Module):
             verdict, identified = "unknown: no request with three or more impressions to measure", None
         elif sorted_policy:
             verdict, identified = (
-                f"NOT identified: the logged slot follows the model's own relevance estimate "
+                f"NOT identified: the logged slot is related to the model's own relevance estimate "
                 f"(mean within-request rank correlation {corr:.2f}) and no exploration traffic or "
                 f"propensities are mapped; the offsets absorb whatever relevance the features do "
                 f"not explain, and the position-free pCTR rests on the ASSUMPTION that the features "
