@@ -46,10 +46,12 @@ def _sigmoid(x: np.ndarray) -> np.ndarray:
     return 1.0 / (1.0 + np.exp(-x))
 
 
-def _solve_intercept(logit_wo: np.ndarray, target: float) -> float:
-    """Intercept ``b`` with ``mean(sigmoid(logit_wo + b)) == target`` (bisection, monotone in b)."""
-    lo, hi = -20.0, 20.0
-    for _ in range(60):
+def _solve_intercept(logit_wo: np.ndarray, target: float, *, bound: float = 20.0,
+                     iterations: int = 60) -> float:
+    """Intercept ``b`` in ``[-bound, bound]`` with ``mean(sigmoid(logit_wo + b)) == target``
+    (bisection, monotone in b; also used by :mod:`hybridrank.data.worlds`)."""
+    lo, hi = -bound, bound
+    for _ in range(iterations):
         mid = 0.5 * (lo + hi)
         if _sigmoid(logit_wo + mid).mean() < target:
             lo = mid
