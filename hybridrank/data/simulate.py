@@ -46,6 +46,17 @@ def _sigmoid(x: np.ndarray) -> np.ndarray:
     return 1.0 / (1.0 + np.exp(-x))
 
 
+def _repeats(cand: np.ndarray) -> np.ndarray:
+    """``[R, C]`` bool: True where a row's value already appeared earlier in that row."""
+    order = np.argsort(cand, axis=1, kind="stable")
+    sorted_c = np.take_along_axis(cand, order, axis=1)
+    dup_sorted = np.zeros_like(sorted_c, dtype=bool)
+    dup_sorted[:, 1:] = sorted_c[:, 1:] == sorted_c[:, :-1]
+    dup = np.empty_like(dup_sorted)
+    np.put_along_axis(dup, order, dup_sorted, axis=1)
+    return dup
+
+
 def _solve_intercept(logit_wo: np.ndarray, target: float, *, bound: float = 20.0,
                      iterations: int = 60) -> float:
     """Intercept ``b`` in ``[-bound, bound]`` with ``mean(sigmoid(logit_wo + b)) == target``
@@ -73,13 +84,7 @@ def _unique_slates(rng: np.random.Generator, n_req: int, sizes: np.ndarray, n_it
     todo = np.arange(n_req)
     while todo.size:
         cand = rng.choice(n_items, size=(todo.size, n_cand), p=item_p)
-        order = np.argsort(cand, axis=1, kind="stable")
-        sorted_c = np.take_along_axis(cand, order, axis=1)
-        dup_sorted = np.zeros_like(sorted_c, dtype=bool)
-        dup_sorted[:, 1:] = sorted_c[:, 1:] == sorted_c[:, :-1]
-        dup = np.empty_like(dup_sorted)
-        np.put_along_axis(dup, order, dup_sorted, axis=1)
-        keep = ~dup
+        keep = ~_repeats(cand)
         rank = np.cumsum(keep, axis=1)  # 1-based rank among the distinct draws
         size = sizes[todo][:, None]
         take = keep & (rank <= size)

@@ -51,7 +51,7 @@ import numpy as np
 import polars as pl
 
 from hybridrank.atomic import atomic_path
-from hybridrank.data.simulate import _sigmoid
+from hybridrank.data.simulate import _repeats, _sigmoid
 from hybridrank.data.simulate import _solve_intercept as _simulator_intercept
 
 __all__ = [
@@ -541,12 +541,7 @@ def _fill_slates(rng: np.random.Generator, slate: np.ndarray, rows: np.ndarray, 
         if not todo.size:
             return
         cand = rng.choice(p.size, size=(todo.size, n_cand), p=p)
-        order = np.argsort(cand, axis=1, kind="stable")
-        sorted_c = np.take_along_axis(cand, order, axis=1)
-        dup_sorted = np.zeros_like(sorted_c, dtype=bool)
-        dup_sorted[:, 1:] = sorted_c[:, 1:] == sorted_c[:, :-1]
-        dup = np.empty_like(dup_sorted)
-        np.put_along_axis(dup, order, dup_sorted, axis=1)
+        dup = _repeats(cand)
         rank = np.cumsum(~dup, axis=1)
         size = sizes[todo][:, None]
         take = ~dup & (rank <= size)
