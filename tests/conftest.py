@@ -42,3 +42,16 @@ def compose_cfg():
     """``compose_cfg(name, *overrides)``: a project config (``config``, ``export``, ``eval``)
     composed in-process with hydra overrides, as the console scripts would."""
     return _compose
+
+
+@pytest.fixture(scope="session")
+def cli_server():
+    """The console scripts served by a fork server (tests/cli_server.py): a command pays the
+    imports once per session instead of once per call. None where
+    ``HYBRIDRANK_TEST_REAL_PROCESSES=1`` (then the real executables run)."""
+    import cli_server as server_module
+
+    server = server_module.start()
+    yield server
+    if server is not None:
+        server.close()

@@ -151,10 +151,13 @@ def folders(tmp_path_factory):
     return folder
 
 
-def run_command(cmd: Command, cwd: Path, timeout: float = 1200) -> subprocess.CompletedProcess:
-    """Run one command as written, in bash, with the tiny-settings functions defined."""
+def run_command(cmd: Command, cwd: Path, server=None, timeout: float = 1200) -> subprocess.CompletedProcess:
+    """Run one command as written, in bash, with the tiny-settings functions defined; the
+    console scripts are served by ``server`` (tests/cli_server.py) when there is one."""
     env = dict(os.environ)
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    if server is not None:
+        env = server.env(env)
     env.pop("HYBRIDRANK_DEBUG", None)
     if cmd.lang == "python":
         script = cwd / f"example_{cmd.line}.py"
@@ -185,11 +188,11 @@ def test_commands_parse_with_continuations():
 
 @pytest.mark.slow
 @pytest.mark.parametrize("cmd", ALL, ids=[c.id for c in ALL])
-def test_command_runs(cmd: Command, folders):
+def test_command_runs(cmd: Command, folders, cli_server):
     reason = _skip_reason(cmd)
     if reason:
         pytest.skip(reason)
-    p = run_command(cmd, folders(cmd.doc))
+    p = run_command(cmd, folders(cmd.doc), cli_server)
     assert p.returncode == 0, (
         f"{cmd.id}: exit {p.returncode}\n$ {cmd.text}\n--- stderr (end) ---\n{p.stderr[-4000:]}"
         f"\n--- stdout (end) ---\n{p.stdout[-2000:]}")
