@@ -119,6 +119,7 @@ def _canonical(raw: bytes) -> bool:
                                                                      HealthCheck.function_scoped_fixture])
 @given(lines=st.lists(_valid_line, min_size=1, max_size=6), crlf=st.booleans(),
        mutations=st.lists(_mutation, max_size=4))
+@pytest.mark.slow
 def test_libsvm_fuzzed_lines_parse_like_reference_or_name_file_and_line(tmp_path, lines, crlf,
                                                                         mutations):
     raw = _mutate(("\r\n" if crlf else "\n").join(lines).encode() + b"\n", mutations)

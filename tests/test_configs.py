@@ -253,6 +253,7 @@ DEPRECATED_LOSSES = {p.stem: p for p in (CONF / "loss").glob("*.yaml")
                      if "deprecated_names:" in p.read_text()}
 
 
+@pytest.mark.slow
 def test_old_loss_names_are_aliases_that_warn(compose_cfg, caplog):
     """listmle, approxndcg, ... are the old names of bce_listmle, bce_approx_ndcg, ...: the same
     model.loss, and a warning naming the new one."""

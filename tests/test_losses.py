@@ -494,6 +494,7 @@ def _mean_tie_gradients(fn, scores, labels, draws, seeded):
 @pytest.mark.parametrize("fn", [L.listmle_loss, L.position_aware_listmle_loss],
                          ids=["listmle", "position_aware_listmle"])
 @pytest.mark.parametrize("seeded", [True, False], ids=["seeds", "global_rng"])
+@pytest.mark.slow
 def test_listmle_tie_gradient_is_symmetric(fn, seeded):
     """One click among six zero-labelled items, all scores equal: over random tie orders every
     non-click must get the same expected gradient, whatever its storage slot. (An arithmetic-

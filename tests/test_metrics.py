@@ -514,6 +514,7 @@ def test_streaming_quantile_ece_exact_with_one_value_per_fine_bin():
 
 
 @given(st.integers(0, 10_000), st.lists(st.integers(1, 299), max_size=6))
+@pytest.mark.slow
 def test_streaming_over_random_splits_equals_one_shot(seed, cuts):
     z, y, m, pos = random_lists(seed % 7)
     one_shot = ListMetrics(positions=3)

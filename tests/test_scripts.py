@@ -40,6 +40,7 @@ def _digest() -> str:
     ("bench_auction.py", ["--quick"]),
     ("bench_all.py", ["--only", "reader"]),
 ])
+@pytest.mark.slow
 def test_partial_runs_refuse_to_write_docs_before_any_work(name, args):
     before = _digest()
     p = _script(name, *args, "--write-docs", timeout=300)
@@ -50,6 +51,7 @@ def test_partial_runs_refuse_to_write_docs_before_any_work(name, args):
 
 @pytest.mark.parametrize("name, args", [("bench_letor.py", ["--models", "lgbm_binary", "bce"]),
                                         ("bench_real.py", ["--models", "mlp", "lgbm_binary"])])
+@pytest.mark.slow
 def test_missing_lightgbm_is_an_error(name, args):
     before = _digest()
     p = _script(name, *args, env_code="sys.modules['lightgbm'] = None", timeout=300)

@@ -170,6 +170,7 @@ def test_oov_counts_match_a_reference(small_log):
     assert src.oov["user_id"] > 0
 
 
+@pytest.mark.slow
 def test_every_impression_once_and_batches_hold_whole_requests(small_log):
     src = StreamingClickLogSource(small_log["glob"], SIM_COLUMNS_MAP, chunk_rows=900)
     ds = src.dataset(budget=300, scope="request", seed=2)
@@ -187,6 +188,7 @@ def test_every_impression_once_and_batches_hold_whole_requests(small_log):
     assert not all(torch.equal(x, y) for x, y in zip(a, [b.rows for b in ds]))
 
 
+@pytest.mark.slow
 def test_ddp_shards_are_disjoint_and_equal_length(small_log):
     src = StreamingClickLogSource(small_log["glob"], SIM_COLUMNS_MAP, chunk_rows=400)
     shards = [list(src.dataset(budget=256, num_replicas=3, rank=r, seed=0)) for r in range(3)]
@@ -246,6 +248,7 @@ def test_bad_values_name_file_and_row(small_log, tmp_path):
         src.fit_schema()
 
 
+@pytest.mark.slow
 def test_input_errors(small_log, tmp_path):
     with pytest.raises(FileNotFoundError, match="no click-log files match"):
         StreamingClickLogSource(str(tmp_path / "none*.parquet"), SIM_COLUMNS_MAP)
@@ -351,6 +354,7 @@ def test_in_memory_and_streamed_training_give_the_same_batches_metrics_and_score
         assert torch.equal(za, zb)
 
 
+@pytest.mark.slow
 def test_several_chunks_keep_the_split_schema_and_keep_rate_of_the_whole_log(tmp_path):
     """A log streamed in many chunks: the hash split puts every request where the whole-log split
     does, the schema fit agrees with the whole-log fit, the keep rate is the same count (request
@@ -411,6 +415,7 @@ def test_a_time_split_needs_one_chunk(tmp_path):
         many.layout()
 
 
+@pytest.mark.slow
 def test_mid_epoch_resume_skips_the_batches_already_trained_on(small_log):
     """The stream skips the first ``start`` batches of the epoch (what a resumed run restores),
     one chunk or several: the rest are the uninterrupted epoch's batches."""

@@ -17,8 +17,20 @@ sufficient statistics summed over that epoch's impressions in slot ``j``,
     b_j ← b_j + [logit(Y_j / N_j) - logit(P_j / N_j)] - [the same for the reference slot],
 
 a fixed-point step for the per-slot score equation ``Σ w (y - σ(r + b_j)) = 0`` (exact when the
-slot's relevance logits are equal; ``log(Y_j / P_j)`` at small CTR). At the fixed point the model's
-expected clicks equal the observed clicks in every slot. The sums are float64 buffers: DDP
+slot's relevance logits are equal; ``log(Y_j / P_j)`` at small CTR). Without pooling, at the fixed
+point the model's expected clicks equal the observed clicks in every slot.
+
+**Pooling** (``pool=True``, the default). Free per-slot estimates pin the serving level on the
+reference slot's clicks alone and leave deep slots with a few clicks each. So each slot's click
+logit is shrunk toward a smooth curve in the slot (quadratic in ``log j``) by as much as its
+sampling noise exceeds the slots' real spread around that curve (an empirical-Bayes,
+random-effects estimate of that spread, :meth:`PositionBias._pool`): slots with many clicks keep
+their own estimate, sparse ones borrow from their neighbours, and the level rests on every slot.
+Measured offline on 40 random-order worlds (:mod:`hybridrank.data.worlds` seeds 1000-1039 with
+``logging="random"``, the true relevance logits, 10 slots): the root mean square of log PCOC at
+slot 1 fell from 0.112 to 0.090, the worlds with PCOC within [0.95, 1.05] rose from 21 to 23 and
+those with every offset within 0.1 logit from 5 to 15. It cannot beat the sampling error of the
+clicks: with the true offsets known the level was within 5 % in 39 of 40. The sums are float64 buffers: DDP
 all-reduces them before the update, checkpoints carry them (mid-epoch resume is exact).
 
 **Intervals.** An online Poisson bootstrap over requests (Chamandy et al. 2012): every request of a
@@ -150,6 +162,12 @@ def slot_logit_step(clicks: torch.Tensor, expected: torch.Tensor, count: torch.T
     return torch.where(count > 0, step, torch.zeros_like(step))
 
 
+def _information(sums: torch.Tensor) -> torch.Tensor:
+    """Information of each slot's logit from sums ``[3, ..., S]`` (Y, P, N): expected clicks x
+    expected non-clicks over impressions (the inverse of the logit's sampling variance)."""
+    return sums[1] * (sums[2] - sums[1]).clamp(min=0) / sums[2].clamp(min=1e-300)
+
+
 class PositionBias(nn.Module):
     """A logit offset per display slot, estimated exactly given the relevance model.
 
@@ -166,6 +184,10 @@ class PositionBias(nn.Module):
             adjacent violators). It pools neighbouring slots whose separate estimates are noise,
             which shrinks the error of slots with few clicks a lot. ``False`` for layouts where
             a lower slot can draw more attention (grids, carousels).
+        pool: shrink each slot's estimate toward a smooth curve in the slot by as much as its
+            noise exceeds the slots' spread around that curve (:meth:`_pool`; empirical Bayes).
+            Slots with few clicks, and the reference slot's level, borrow strength from the
+            others. ``False``: every slot from its own clicks (the per-slot maximum likelihood).
 
     ``forward(position [B]) -> [B]`` offsets; training calls :meth:`accumulate` per batch and
     :meth:`update` once per epoch (``HybridRanker`` does both).
@@ -177,7 +199,7 @@ class PositionBias(nn.Module):
 
     def __init__(self, max_position: int = 50, reference_position: int = 1, tail: str = "share",
                  n_boot: int = 100, alpha: float = 0.05, seed: int = 0, max_ipw: float = 100.0,
-                 monotone: bool = True):
+                 monotone: bool = True, pool: bool = True):
         super().__init__()
         if int(max_position) < 1 or not 1 <= int(reference_position) <= int(max_position):
             raise ValueError(f"reference_position={reference_position} must lie in "
@@ -192,6 +214,7 @@ class PositionBias(nn.Module):
             raise ValueError(f"max_ipw must be >= 1, got {max_ipw}")
         self.max_ipw = float(max_ipw)
         self.monotone = bool(monotone)
+        self.pool = bool(pool)
         s, k = self.max_position, self.n_boot
         f64 = torch.float64
         self.register_buffer("offset", torch.zeros(s))                   # b_j (float32 for serving)
@@ -321,15 +344,19 @@ class PositionBias(nn.Module):
         fit_sums, fit_boot = (sums_x, boot_x) if identifying else (sums, boot)
         est = (sums_x[2] > 0) if identifying else (seen > 0)
         step = slot_logit_step(*fit_sums)
-        raw = old + step - step[ref]
         # information of each slot's offset (expected clicks x non-clicks over impressions)
-        info = fit_sums[1] * (fit_sums[2] - fit_sums[1]).clamp(min=0) / fit_sums[2].clamp(min=1e-300)
+        info = _information(fit_sums)
+        # each slot's own click logit (relative to the current intercept), pooled toward a curve
+        level = self._pool(old + step, info, est)
+        raw = level - level[ref]
         new = self._fill_unseen(self._shape(raw, info, est), est)
         if self.n_boot:
             bstep = slot_logit_step(*fit_boot)                                 # [K, S]
-            reps = raw + (bstep - step) - (bstep[:, ref:ref + 1] - step[ref])
-            self.boot_offset.copy_(torch.stack([self._fill_unseen(self._shape(r, info, est), est)
-                                                for r in reps]))
+            binfo = _information(fit_boot)
+            reps = [self._pool(old + b, i, est) for b, i in zip(bstep, binfo)]
+            self.boot_offset.copy_(torch.stack([
+                self._fill_unseen(self._shape(r - r[ref], info, est), est) for r in reps]))
+        ref_step = float(level[ref] - old[ref])
         if identifying:
             # the offsets came from the identifying traffic; the relevance intercept's step is
             # the one that matches predicted to observed clicks over ALL the data once the
@@ -338,10 +365,8 @@ class PositionBias(nn.Module):
             moved = sums[1] * torch.exp(new - old)
             y_all, n_all = float(sums[0].sum()), float(sums[2].sum())
             p_all = float(moved.sum())
-            level = (math.log((y_all + _PSEUDO) / (n_all - y_all + _PSEUDO))
-                     - math.log((p_all + _PSEUDO) / max(n_all - p_all + _PSEUDO, _PSEUDO)))
-            step = torch.zeros_like(step)
-            step[ref] = level
+            ref_step = (math.log((y_all + _PSEUDO) / (n_all - y_all + _PSEUDO))
+                        - math.log((p_all + _PSEUDO) / max(n_all - p_all + _PSEUDO, _PSEUDO)))
         self.mode.fill_(int(self.x_kind) if identifying else 0)
         self.diag[1] = diag
         self.diag[0] = 0
@@ -358,7 +383,44 @@ class PositionBias(nn.Module):
         self.boot_sums.zero_()
         self.updates += 1
         self.last_change.fill_(change)
-        return change, float(step[ref])
+        return change, ref_step
+
+    def _pool(self, level: torch.Tensor, info: torch.Tensor, est: torch.Tensor) -> torch.Tensor:
+        """With ``pool``: each estimated slot's click logit shrunk toward a smooth curve in the
+        slot, by as much as its own noise exceeds the slots' real spread around the curve.
+
+        The curve is ``c + β1·log j + β2·log² j`` (weighted least squares, weights = each slot's
+        information); the spread ``τ²`` of the slots around it beyond their sampling noise is
+        the method-of-moments estimate of a random-effects meta-regression (DerSimonian and
+        Laird 1986): ``τ² = max(0, (Q - df) / (Σw - tr((XᵀWX)⁻¹ XᵀW²X)))`` with
+        ``Q = Σ w (level - fit)²``. Each slot then moves to ``fit + τ² / (τ² + 1/w) ·
+        (level - fit)``: a slot with many clicks keeps its own estimate, a slot with few borrows
+        from its neighbours through the curve. The reference slot too: the serving level then
+        rests on every slot's clicks, not on the reference slot's alone. Fewer than five
+        estimated slots (no degree of freedom left to measure ``τ²``): unchanged."""
+        idx = torch.nonzero(est).reshape(-1)
+        if not self.pool or idx.numel() < 5:
+            return level
+        y = level[idx].double()
+        w = info[idx].double().clamp(min=1e-9)
+        lj = torch.log(idx.double() + 1)
+        x = torch.stack([torch.ones_like(lj), lj, lj * lj], dim=1)            # [k, 3]
+        xtw = x.T * w
+        gram = xtw @ x
+        try:
+            inv = torch.linalg.inv(gram)
+        except RuntimeError:  # singular design (cannot happen with >= 3 distinct slots)
+            return level
+        fit = x @ (inv @ (xtw @ y))
+        resid = y - fit
+        q = float((w * resid * resid).sum())
+        df = idx.numel() - x.shape[1]
+        denom = float(w.sum()) - float(torch.trace(inv @ ((x.T * w * w) @ x)))
+        tau2 = max(0.0, (q - df) / denom) if denom > 0 else math.inf
+        keep = torch.ones_like(w) if math.isinf(tau2) else tau2 / (tau2 + 1.0 / w)
+        out = level.clone()
+        out[idx] = (fit + keep * resid).to(out.dtype)
+        return out
 
     def _shape(self, offsets: torch.Tensor, info: torch.Tensor, est: torch.Tensor) -> torch.Tensor:
         """With ``monotone``: the closest non-increasing sequence over the estimated slots
@@ -463,8 +525,9 @@ class PositionBias(nn.Module):
                 f"either way); more identifying traffic (randomised requests, clicks) narrows it")
         return {
             "reference_position": self.reference_position, "max_position": self.max_position,
-            "tail": self.tail, "monotone": self.monotone,
-            "estimator": "per-slot exact update each epoch (regression-EM step)",
+            "tail": self.tail, "monotone": self.monotone, "pool": self.pool,
+            "estimator": ("per-slot exact update each epoch (regression-EM step)"
+                          + (", pooled toward a curve in log(slot) (empirical Bayes)" if self.pool else "")),
             "logit_offsets": self.offsets(),
             "lower": [None if not s or j == ref else v for j, (s, v) in enumerate(zip(seen, lo))],
             "upper": [None if not s or j == ref else v for j, (s, v) in enumerate(zip(seen, hi))],
