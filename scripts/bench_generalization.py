@@ -18,7 +18,9 @@ Per world and variant it reports, against the world's truth:
   (ranking candidates by what they are worth in the top slot; the position-free score);
 - ``pcoc_ref``: PCOC of the position-free pCTR (the export's ``pctr``: the tower's reference
   slot, or a position-as-feature model scored with its position set to 1) against ``true_p_ref``;
-  ``pcoc_ref_none``: the same without the calibrator;
+  ``pcoc_ref_none``: the same without the calibrator; ``pcoc_drift``: the floor drift sets on
+  it, the PCOC of a perfect model that cannot see time (the test rows' truth with the world's
+  drift replaced by its mean over the training rows; 1 without drift);
 - ``offset_err``: the largest error of the tower's offsets for slots 2..min(10, longest list);
 - ``auto``: what ``calibrator=auto`` chose, and ``d_ll``: test log loss (clicks) with it minus
   without it, with its standard error over requests (``d_ll_se``);
@@ -62,7 +64,7 @@ from reference_fm import fit_reference_fm  # noqa: E402
 
 from hybridrank.data.readers import ColumnMap  # noqa: E402
 from hybridrank.data.sources import split_frame  # noqa: E402
-from hybridrank.data.worlds import World, draw_world, simulate_world  # noqa: E402
+from hybridrank.data.worlds import TIME_ORIGIN, TRUTH_COLUMNS, World, draw_world, simulate_world  # noqa: E402
 
 #: name -> (hydra overrides, position as a feature?)
 VARIANTS: dict[str, tuple[list[str], bool]] = {
@@ -123,7 +125,28 @@ def prepare_world(seed: int, size: str, work: Path, pins: Mapping[str, Any] | No
     pos = world.columns["position"]
     test.write_parquet(wdir / "test.parquet")
     test.with_columns(pl.lit(1, dtype=test[pos].dtype).alias(pos)).write_parquet(wdir / "test_slot1.parquet")
-    return {"world": world, "dir": wdir, "train": train, "val": val, "test": test}
+    return {"world": world, "dir": wdir, "train": train, "val": val, "test": test,
+            "pcoc_drift": drift_floor(world, train, test)}
+
+
+def drift_floor(world: World, train: pl.DataFrame, test: pl.DataFrame) -> float:
+    """PCOC at slot 1 of a perfect model that cannot see time: the truth of the test rows with
+    the world's drift replaced by its mean over the training rows (what a time-blind model
+    learns). A model without a time feature cannot do better than this on ``pcoc_ref``; exactly 1
+    without drift."""
+    spec, tcol, logit = world.spec, world.columns["time"], TRUTH_COLUMNS["logit"]
+
+    def drift(frame: pl.DataFrame) -> np.ndarray:
+        t = (frame[tcol].to_numpy() - TIME_ORIGIN).astype(np.float64)
+        if spec.drift == "linear":
+            return world.params["drift_sign"] * spec.drift_amplitude * (2.0 * t / (spec.days * 86_400) - 1.0)
+        if spec.drift == "weekly":
+            return spec.drift_amplitude * np.sin(2 * np.pi * t / (7 * 86_400) + world.params["drift_phase"])
+        return np.zeros(frame.height)
+
+    z = test[logit].to_numpy()
+    blind = z - drift(test) + float(np.mean(drift(train)))
+    return float(np.sum(1 / (1 + np.exp(-blind))) / np.sum(1 / (1 + np.exp(-z))))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -240,7 +263,7 @@ def evaluate_run(w: dict[str, Any], name: str, run: dict, scratch: Path) -> dict
     row: dict[str, Any] = {"variant": name, "epochs": metrics.get("training", {}).get("epochs"),
                            "best_epoch": metrics.get("training", {}).get("best_epoch"),
                            "stop": "criterion" if stop.startswith("early stopping") else stop,
-                           "seconds": round(run["seconds_share"], 1)}
+                           "seconds": round(run["seconds_share"], 1), "pcoc_drift": w.get("pcoc_drift")}
     key = ["request_id", "item_id"]  # the export's names for the mapped request and item columns
     truth = test.select(pl.col(req).alias("request_id"), pl.col(item).alias("item_id"), "true_p",
                         "true_p_ref", pl.col(label).alias("click"), pl.col(bid).alias("bid_log"))
@@ -302,7 +325,8 @@ def reference_row(w: dict[str, Any]) -> dict[str, Any]:
     logged, ref = predict(test, slot=None), predict(test, slot=1)
     offsets = _offsets(test, cols["request"])
     bayes = float(np.mean(_xent(p_true, p_true)))
-    return {"variant": "reference FM", "excess": float(np.mean(_xent(logged, p_true))) - bayes,
+    return {"variant": "reference FM", "pcoc_drift": w.get("pcoc_drift"),
+            "excess": float(np.mean(_xent(logged, p_true))) - bayes,
             "ndcg_gap": _ndcg10(p_ref, p_ref, offsets) - _ndcg10(ref, p_ref, offsets),
             "pcoc_ref": float(ref.sum() / p_ref.sum()), "epochs": getattr(predict, "epochs", None),
             "welfare": _welfare(test, ref, p_ref, world, cols["request"], cols["bid"]),
@@ -312,7 +336,7 @@ def reference_row(w: dict[str, Any]) -> dict[str, Any]:
 # ----------------------------------------------------------------------------------------------
 # reporting
 # ----------------------------------------------------------------------------------------------
-COLS = ("excess", "ndcg_gap", "pcoc_ref", "pcoc_ref_none", "offset_err", "offsets_covered", "identified",
+COLS = ("excess", "ndcg_gap", "pcoc_ref", "pcoc_ref_none", "pcoc_drift", "offset_err", "offsets_covered", "identified",
         "auto", "d_ll", "welfare", "epochs", "stop")
 
 
@@ -341,9 +365,10 @@ def aggregate(results: Sequence[Mapping[str, Any]]) -> str:
         for row in r["rows"]:
             by.setdefault(row["variant"], []).append({**row, "_world": r})
     lines = ["| variant | worlds | median excess | median NDCG gap | PCOC@ref in [0.95, 1.05] | "
+             "... where the drift floor is in [0.97, 1.03] | "
              "offsets within 0.1 | offsets within 0.2 | diagnosis fired (unidentifiable / identifiable) | "
              "auto > 1 SE worse | median welfare | stopped on criterion |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, rows in by.items():
         def share(pred, pool=rows):
             pool = [x for x in pool if pred(x) is not None]
@@ -354,10 +379,14 @@ def aggregate(results: Sequence[Mapping[str, Any]]) -> str:
                         or (x["_world"]["spec"]["explore_share"] > 0
                             and x["_world"]["spec"]["mark_explore"])]
         unidentifiable = [x for x in rows if x not in identifiable]
+        # where a model without time can reach the band at all
+        steady = [x for x in identifiable if x.get("pcoc_drift") is not None
+                  and 0.97 <= x["pcoc_drift"] <= 1.03]
         lines.append(
             f"| {name} | {len(rows)} | {_fmt(float(np.median([x['excess'] for x in rows])))} | "
             f"{_fmt(float(np.median([x['ndcg_gap'] for x in rows])))} | "
             f"{share(lambda x: 0.95 <= x['pcoc_ref'] <= 1.05, identifiable)} | "
+            f"{share(lambda x: 0.95 <= x['pcoc_ref'] <= 1.05, steady)} | "
             f"{share(lambda x: None if x.get('offset_err') is None else x['offset_err'] <= 0.1, identifiable)} | "
             f"{share(lambda x: None if x.get('offset_err') is None else x['offset_err'] <= 0.2, identifiable)} | "
             f"{share(lambda x: None if x.get('identified') is None else not x['identified'], unidentifiable)}"
