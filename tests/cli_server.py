@@ -26,6 +26,7 @@ from __future__ import annotations
 import importlib
 import json
 import os
+import shutil
 import signal
 import socket
 import stat
@@ -174,6 +175,7 @@ class Server:
             self.process.wait(10)
         except subprocess.TimeoutExpired:
             self.process.kill()
+        shutil.rmtree(self.folder, ignore_errors=True)
 
 
 def start(timeout: float = 120.0) -> Server | None:
