@@ -229,6 +229,9 @@ class PositionBias(nn.Module):
         self.register_buffer("x_kind", torch.zeros((), dtype=torch.long))  # data seen: 1 explore, 2 ipw
         self.register_buffer("mode", torch.zeros((), dtype=torch.long))    # last update: 0 all, 1 explore, 2 ipw
         self.register_buffer("boot_offset", torch.zeros(k, s, dtype=f64))  # replicate offsets
+        # the offsets' interval [lower; upper] of the last update (NaN: none yet, or a checkpoint
+        # written before it existed: the percentiles of boot_offset then)
+        self.register_buffer("bounds", torch.full((2, s), math.nan, dtype=f64))
         self.register_buffer("seen", torch.zeros(s, dtype=f64))           # impressions ever seen
         self.register_buffer("estimated", torch.zeros(s, dtype=torch.bool))  # slots the last update fitted
         self.register_buffer("last", torch.zeros(3, s, dtype=f64))        # sums of the last update
@@ -356,6 +359,18 @@ class PositionBias(nn.Module):
             reps = [self._pool(old + b, i, est) for b, i in zip(bstep, binfo)]
             self.boot_offset.copy_(torch.stack([
                 self._fill_unseen(self._shape(r - r[ref], info, est), est) for r in reps]))
+            bounds = self._percentiles(self.boot_offset)
+            if self.pool:
+                # pooled replicates are only as right as the curve: when the slots' spread around
+                # it comes out as zero, a replicate is the curve alone, and its interval is as
+                # narrow as a three-parameter fit's even where the curve is off. The interval is
+                # the hull of the pooled one and the per-slot one (valid without the curve)
+                free = torch.stack([self._fill_unseen(self._shape(r, info, est), est)
+                                    for r in old + bstep - bstep[:, ref:ref + 1]])
+                per_slot = self._percentiles(free)
+                bounds = torch.stack([torch.minimum(bounds[0], per_slot[0]),
+                                      torch.maximum(bounds[1], per_slot[1])])
+            self.bounds.copy_(bounds)
         ref_step = float(level[ref] - old[ref])
         if identifying:
             # the offsets came from the identifying traffic; the relevance intercept's step is
@@ -384,6 +399,16 @@ class PositionBias(nn.Module):
         self.updates += 1
         self.last_change.fill_(change)
         return change, ref_step
+
+    def _percentiles(self, reps: torch.Tensor) -> torch.Tensor:
+        """``[2, S]`` percentile interval of replicate offsets ``[K, S]`` at level ``1 - alpha``."""
+        return torch.quantile(reps, torch.tensor([self.alpha / 2, 1 - self.alpha / 2],
+                                                 dtype=torch.float64, device=reps.device), dim=0)
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        # checkpoints written before the interval buffer existed load with it unset (NaN)
+        state_dict.setdefault(prefix + "bounds", torch.full_like(self.bounds, math.nan))
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     def _pool(self, level: torch.Tensor, info: torch.Tensor, est: torch.Tensor) -> torch.Tensor:
         """With ``pool``: each estimated slot's click logit shrunk toward a smooth curve in the
@@ -507,8 +532,7 @@ class PositionBias(nn.Module):
         seen = self.estimated.tolist()
         lo = hi = [None] * self.max_position
         if self.n_boot and int(self.updates) > 0:
-            q = torch.quantile(self.boot_offset, torch.tensor([self.alpha / 2, 1 - self.alpha / 2],
-                                                             dtype=torch.float64), dim=0)
+            q = self.bounds if not bool(torch.isnan(self.bounds).all()) else self._percentiles(self.boot_offset)
             lo, hi = q[0].tolist(), q[1].tolist()
         ref = self.reference_position - 1
         ident = self.identifiability()
@@ -540,5 +564,6 @@ class PositionBias(nn.Module):
             "last_change": None if math.isnan(float(self.last_change)) else float(self.last_change),
             "identifiability": ident,
             "interval": {"n_boot": self.n_boot, "alpha": self.alpha,
-                         "method": "online Poisson bootstrap over requests, given the relevance model"},
+                         "method": ("online Poisson bootstrap over requests, given the relevance model"
+                       + ("; the hull of the pooled and the per-slot percentile intervals" if self.pool else ""))},
         }
