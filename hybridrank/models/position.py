@@ -37,7 +37,9 @@ all-reduces them before the update, checkpoints carry them (mid-epoch resume is 
 batch gets ``n_boot`` independent Poisson(1) weights, and replicate sums accumulate beside the main
 ones; each replicate's offsets follow from the same update, and their percentiles are the
 interval. It measures the sampling error of the offsets given the relevance model (not the
-relevance model's own uncertainty).
+relevance model's own uncertainty). With pooling, the reported interval is the hull of the
+pooled replicates' interval and the per-slot replicates' one: pooled replicates are only as
+right as the curve they shrink toward, the per-slot interval does not rest on it.
 
 **Slots.** Positions are 1-based (``validate_frame`` refuses 0, negatives and missing values).
 Positions above ``max_position`` share its offset (``tail="share"``, the default: the tail of a
