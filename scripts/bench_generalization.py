@@ -64,7 +64,14 @@ from reference_fm import fit_reference_fm  # noqa: E402
 
 from hybridrank.data.readers import ColumnMap  # noqa: E402
 from hybridrank.data.sources import split_frame  # noqa: E402
-from hybridrank.data.worlds import TIME_ORIGIN, TRUTH_COLUMNS, World, draw_world, simulate_world  # noqa: E402
+from hybridrank.data.worlds import (  # noqa: E402
+    TIME_ORIGIN,
+    TRUTH_COLUMNS,
+    World,
+    draw_world,
+    drift_logit,
+    simulate_world,
+)
 
 #: name -> (hydra overrides, position as a feature?)
 VARIANTS: dict[str, tuple[list[str], bool]] = {
@@ -132,17 +139,13 @@ def prepare_world(seed: int, size: str, work: Path, pins: Mapping[str, Any] | No
 def drift_floor(world: World, train: pl.DataFrame, test: pl.DataFrame) -> float:
     """PCOC at slot 1 of a perfect model that cannot see time: the truth of the test rows with
     the world's drift replaced by its mean over the training rows (what a time-blind model
-    learns). A model without a time feature cannot do better than this on ``pcoc_ref``; exactly 1
-    without drift."""
-    spec, tcol, logit = world.spec, world.columns["time"], TRUTH_COLUMNS["logit"]
+    learns): how much of a ``pcoc_ref`` miss the drift alone accounts for (not a bound on an
+    imperfect model, whose own level error can land on either side); exactly 1 without drift."""
+    tcol, logit = world.columns["time"], TRUTH_COLUMNS["logit"]
 
     def drift(frame: pl.DataFrame) -> np.ndarray:
-        t = (frame[tcol].to_numpy() - TIME_ORIGIN).astype(np.float64)
-        if spec.drift == "linear":
-            return world.params["drift_sign"] * spec.drift_amplitude * (2.0 * t / (spec.days * 86_400) - 1.0)
-        if spec.drift == "weekly":
-            return spec.drift_amplitude * np.sin(2 * np.pi * t / (7 * 86_400) + world.params["drift_phase"])
-        return np.zeros(frame.height)
+        return drift_logit(world.spec, world.params["drift_sign"], world.params["drift_phase"],
+                           frame[tcol].to_numpy() - TIME_ORIGIN)
 
     z = test[logit].to_numpy()
     blind = z - drift(test) + float(np.mean(drift(train)))

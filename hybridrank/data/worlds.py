@@ -56,7 +56,7 @@ from hybridrank.data.simulate import _solve_intercept as _simulator_intercept
 
 __all__ = [
     "WorldSpec", "World", "draw_world", "simulate_world", "load_world",
-    "position_offsets", "NAMING_SCHEMES", "SIZES", "TRUTH_COLUMNS", "TIME_ORIGIN", "POSITION_CURVES",
+    "position_offsets", "drift_logit", "NAMING_SCHEMES", "SIZES", "TRUTH_COLUMNS", "TIME_ORIGIN", "POSITION_CURVES",
     "SCORERS", "DRIFTS", "LOGGING", "SIGNALS",
 ]
 
@@ -514,6 +514,19 @@ def _solve_intercept(logit_wo: np.ndarray, target: float) -> float:
     return _simulator_intercept(logit_wo, target, bound=30.0, iterations=80)
 
 
+def drift_logit(spec: WorldSpec, sign: float, phase: float, seconds: np.ndarray) -> np.ndarray:
+    """The intercept drift (logit) at ``seconds`` after the log's start (``time - TIME_ORIGIN``):
+    ``linear`` from ``-sign·a`` to ``+sign·a`` over ``spec.days``, ``weekly`` a sine of amplitude
+    ``a`` and phase ``phase``, ``none`` zero. ``sign`` and ``phase`` are the world's
+    ``params["drift_sign"]`` / ``params["drift_phase"]``."""
+    t = np.asarray(seconds, dtype=np.float64)
+    if spec.drift == "linear":
+        return sign * spec.drift_amplitude * (2.0 * (t / (spec.days * _DAY)) - 1.0)
+    if spec.drift == "weekly":
+        return spec.drift_amplitude * np.sin(2 * np.pi * t / _WEEK + phase)
+    return np.zeros(t.shape)
+
+
 def _standardize(x: np.ndarray) -> np.ndarray:
     sd = float(x.std())
     return (x - x.mean()) / sd if sd > 0 else np.zeros_like(x)
@@ -678,13 +691,7 @@ def simulate_world(spec: WorldSpec) -> World:
     # --- drift -------------------------------------------------------------------------------
     sign = 1.0 if r_truth.random() < 0.5 else -1.0
     phase = r_truth.uniform(0, 2 * np.pi)
-    t_rel = req_time / span
-    if spec.drift == "linear":
-        drift_req = sign * spec.drift_amplitude * (2.0 * t_rel - 1.0)
-    elif spec.drift == "weekly":
-        drift_req = spec.drift_amplitude * np.sin(2 * np.pi * req_time / _WEEK + phase)
-    else:
-        drift_req = np.zeros(n_req)
+    drift_req = drift_logit(spec, sign, phase, req_time)
 
     # --- logging policy: the display order within each request ------------------------------
     r_ord = rs["order"]
