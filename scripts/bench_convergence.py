@@ -373,7 +373,8 @@ def run_size(size: int, models: list[str], args) -> dict:
         print(f"  [{size}x] {m:<16} val logloss {r['val']['logloss']:.5f} ndcg@10 "
               f"{r['val']['ndcg@10']:.4f} | fit {r['fit_seconds']:.0f} s"
               + (f", {r['epochs']} epochs (best {r['best_epoch']})" if "epochs" in r
-                 else f", {r['best_iteration']} rounds")
+                 else f", {r['best_iteration']} rounds" if "best_iteration" in r
+                 else f", best epoch {r.get('best_epoch')}")
               + f" | wall {time.perf_counter() - t:.0f} s", flush=True)
     test = splits.test
     if args.references:
@@ -448,7 +449,8 @@ def size_table(res: dict) -> str:
         fit = ("" if secs is None else f"{secs:.0f}"
                + (f" ({r['best_epoch']}/{r['epochs']} ep)" if "epochs" in r
                   else f" (λ {r['lambda']}, grid of {len(REF_LAMBDAS)})" if "lambda" in r
-                  else f" ({r['best_iteration']} rounds)"))
+                  else f" ({r['best_iteration']} rounds)" if "best_iteration" in r
+                  else f" (best epoch {r.get('best_epoch')})"))
         g = gap.get(m, {})
         rows.append([LABELS[m], _fmt(test[m]["logloss"]) + flag,
                      "0" if m == "oracle" else _fmt_gap(g.get("logloss")) + flag,
