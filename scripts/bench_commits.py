@@ -42,7 +42,8 @@ NUMBER = re.compile(r"^[^\d+\-.]*([+\-]?\d[\d,]*\.?\d*(?:[eE][+\-]?\d+)?)")
 def parse_tables(text: str) -> dict[tuple[str, str, str], str]:
     """Every cell of every Markdown table: ``(table title, row label, column) -> text``.
 
-    A table's title is the last non-empty, non-table line before it (numbered when repeated);
+    A table's title is the last non-empty, non-table line before it, its numbers replaced by
+    ``#`` (a title may carry the run's own timing), numbered when repeated;
     the row label is the first cell and every other cell that is not a number (``20,000 /
     torchmetrics``), made unique by a counter when a label repeats.
     """
@@ -52,8 +53,8 @@ def parse_tables(text: str) -> dict[tuple[str, str, str], str]:
     for raw in lines:
         line = raw.strip()
         if not line.startswith("|"):
-            if line:
-                title, header = line, None
+            if line:  # numbers in a title (a run's own timing) do not name the table
+                title, header = re.sub(r"\d[\d,.]*", "#", line), None
             continue
         parts = [c.strip() for c in line.strip("|").split("|")]
         if header is None:

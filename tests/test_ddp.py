@@ -14,18 +14,23 @@ import torch
 WORKER = Path(__file__).with_name("ddp_worker.py")
 
 
-def run_worker(out: Path, devices: int) -> None:
-    out.mkdir(parents=True, exist_ok=True)
+def run_workers(*runs: tuple[Path, int]) -> None:
+    """The workers side by side (mostly interpreter start-up; one thread each)."""
     env = dict(os.environ, PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1")
-    proc = subprocess.run([sys.executable, str(WORKER), str(out), str(devices)],
-                          capture_output=True, text=True, timeout=600, env=env, cwd=out)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    procs = []
+    for out, devices in runs:
+        out.mkdir(parents=True, exist_ok=True)
+        procs.append(subprocess.Popen([sys.executable, str(WORKER), str(out), str(devices)],
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                      env=env, cwd=out))
+    for proc in procs:
+        stdout, stderr = proc.communicate(timeout=600)
+        assert proc.returncode == 0, stdout[-2000:] + stderr[-4000:]
 
 
 @pytest.mark.slow
 def test_ddp_two_processes_see_each_impression_once_and_metrics_match(tmp_path):
-    run_worker(tmp_path / "ddp", 2)
-    run_worker(tmp_path / "single", 1)
+    run_workers((tmp_path / "ddp", 2), (tmp_path / "single", 1))
     n = json.loads((tmp_path / "ddp" / "n_impressions.json").read_text())
     for epoch in (0, 1):
         shards = [torch.load(tmp_path / "ddp" / f"rows_rank{r}_epoch{epoch}.pt") for r in (0, 1)]
