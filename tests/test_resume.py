@@ -17,35 +17,20 @@ import torch
 WORKER = Path(__file__).with_name("resume_worker.py")
 
 
-def _env() -> dict:
-    path = os.pathsep.join(p for p in (str(WORKER.parent), os.environ.get("PYTHONPATH")) if p)
-    return dict(os.environ, PYTHONWARNINGS="ignore", PYTHONPATH=path)
-
-
 def run(args, cwd, **kw):
-    return subprocess.run(args, cwd=cwd, capture_output=True, text=True, timeout=600, env=_env(), **kw)
-
-
-def run_together(*commands, cwd) -> list[subprocess.CompletedProcess]:
-    """Independent runs side by side (each is mostly interpreter start-up on 2 cores)."""
-    procs = [subprocess.Popen(c, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                              env=_env()) for c in commands]
-    out = []
-    for c, proc in zip(commands, procs):
-        stdout, stderr = proc.communicate(timeout=600)
-        out.append(subprocess.CompletedProcess(c, proc.returncode, stdout, stderr))
-    return out
+    path = os.pathsep.join(p for p in (str(WORKER.parent), os.environ.get("PYTHONPATH")) if p)
+    env = dict(os.environ, PYTHONWARNINGS="ignore", PYTHONPATH=path)
+    return subprocess.run(args, cwd=cwd, capture_output=True, text=True, timeout=600, env=env, **kw)
 
 
 @pytest.mark.slow
 def test_sigkill_mid_epoch_then_resume_gives_identical_metrics(tmp_path):
     full, crashed = tmp_path / "full", tmp_path / "crashed"
-    # the uninterrupted run and the killed one (SIGKILL in the middle of the second epoch)
-    kill_step = 33
-    p, k = run_together([sys.executable, str(WORKER), str(full)],
-                        [sys.executable, str(WORKER), str(crashed), str(kill_step)], cwd=tmp_path)
+    p = run([sys.executable, str(WORKER), str(full)], tmp_path)
     assert p.returncode == 0, p.stderr[-3000:]
-    p = k
+    # the killed run: SIGKILL in the middle of the second epoch
+    kill_step = 33
+    p = run([sys.executable, str(WORKER), str(crashed), str(kill_step)], tmp_path)
     assert p.returncode == -signal.SIGKILL, (p.returncode, p.stderr[-3000:])
     assert not (crashed / "metrics.json").exists()
     last = torch.load(crashed / "checkpoints" / "last.ckpt", weights_only=False)

@@ -128,3 +128,27 @@ def test_generalization_bench_on_a_small_random_world(tmp_path):
     assert 0.8 < row["pcoc_ref"] < 1.25, row
     assert row["excess"] > 0 and 0 < row["welfare"] <= 1.0 + 1e-9, row
     assert "| 4000 | tower |" in p.stdout  # the per-world table is printed
+
+
+def test_bench_commits_matches_tables_cell_by_cell(monkeypatch):
+    """The side-by-side runner pairs cells by (table, row, column): a title's own timing does not
+    split a table, repeated titles and row labels are numbered, text cells name the row."""
+    monkeypatch.syspath_prepend(str(SCRIPTS))
+    import bench_commits as BC
+
+    def run(load: str, ms: tuple[str, str]) -> str:
+        return (f"chatter\nsimulated log: 1,000 rows (load: {load} s)\n\n| n | method | ms | NDCG |\n"
+                f"|---|---|---|---|\n| 20,000 | ours | {ms[0]} | 0.5 |\n| 20,000 | torchmetrics | "
+                f"{ms[1]} | 0.5 |\n\nsimulated log: 1,000 rows (load: 9 s)\n| n | ms |\n|--|--|\n"
+                "| 1 | 2.0 ms |\n| 1 | 4.0 ms |\n")
+
+    base = [BC.parse_tables(run("0.6", ("10", "1,000"))), BC.parse_tables(run("0.7", ("12", "1,100")))]
+    here = [BC.parse_tables(run("0.8", ("5", "1,000"))), BC.parse_tables(run("0.5", ("6", "1,100")))]
+    t = "simulated log: # rows (load: # s)"
+    assert base[0][(t, "20,000 / ours", "ms")] == "10"
+    assert base[0][(f"{t} #2", "1 #2", "ms")] == "4.0 ms"
+    rows = {(r[1], r[2]): r[3:] for r in BC.compare(base, here)}
+    assert rows[("20,000 / ours", "ms")] == pytest.approx((11.0, 5.5, 0.5, 5 / 10, 6 / 12))
+    assert rows[("20,000 / torchmetrics", "ms")] == pytest.approx((1050.0, 1050.0, 1.0, 1.0, 1.0))
+    assert rows[("20,000 / ours", "NDCG")][2] == 1.0
+    assert BC.number("**251x**") == 251 and BC.number("0.45 ± 0.01") == 0.45 and BC.number("n/a") is None
