@@ -120,6 +120,7 @@ def train(cfg: DictConfig, *, splits=None) -> dict[str, Any]:
     ckpt = trainer.checkpoint_callback
     best = ckpt.best_model_path if ckpt is not None and ckpt.best_model_path else None
     val_epoch, val = kept_val_metrics(trainer, best)
+    refit_position_bias(trainer, model, datamodule, best)
     result: dict[str, Any] = {
         "val": val,
         "val_epoch": val_epoch,
@@ -155,6 +156,49 @@ def train(cfg: DictConfig, *, splits=None) -> dict[str, Any]:
 
 
 RESUME_CONFIG = "resume_config.yaml"
+
+
+def refit_position_bias(trainer: pl.Trainer, model: HybridRanker, datamodule, best: str | None) -> bool:
+    """One more exact update of the position tower's offsets from the kept checkpoint's logits.
+
+    The per-epoch updates sum logits gathered while the weights still move; the kept model's own
+    logits spread more. This pass restores the best checkpoint, runs it in eval mode over the
+    whole training split (every rank its shard; the sums are all-reduced as in training), takes
+    one exact per-slot step (the reference slot's step to the relevance intercept, bootstrap
+    replicates and diagnosis recomputed) and writes the weights back into the best checkpoint,
+    which test, export and eval then read. The validation figures in the report stay those of
+    the kept epoch. Skipped (False) without a tower, with ``refit: false``, without a best
+    checkpoint, or when negatives were dropped without re-weighting (the logits are then at the
+    sampled rate and the full split would move their level).
+    """
+    tower = model.position_bias
+    if tower is None or not getattr(tower, "refit", False) or best is None:
+        return False
+    info = model.data_info
+    if float(info.get("neg_keep_rate", 1.0)) < 1.0 and not info.get("reweight_negatives", True):
+        log.info("position tower: no refit on the kept checkpoint (negatives sampled without "
+                 "re-weighting)")
+        return False
+    from hybridrank.serving.checkpoint import atomic_torch_save
+
+    limit = trainer.limit_val_batches
+    trainer.limit_val_batches = trainer.limit_train_batches  # the data the model was fitted on
+    model._refitting_offsets = True
+    try:
+        trainer.validate(model, dataloaders=datamodule.eval_dataloader("train"), ckpt_path=best,
+                         verbose=False)
+    finally:
+        model._refitting_offsets = False
+        trainer.limit_val_batches = limit
+    if trainer.is_global_zero:
+        state = torch.load(best, map_location="cpu", weights_only=False)
+        state["state_dict"] = {k: v.detach().cpu() for k, v in model.state_dict().items()}
+        atomic_torch_save(state, best)
+    trainer.strategy.barrier("refit_position_bias")
+    change = tower.last_change
+    log.info("position tower: refit on the kept checkpoint moved the offsets by at most %.4f logit",
+             float(change))
+    return True
 
 
 def training_summary(trainer: pl.Trainer, best: str | None) -> dict[str, Any]:

@@ -192,6 +192,12 @@ class PositionBias(nn.Module):
             noise exceeds the slots' spread around that curve (:meth:`_pool`; empirical Bayes).
             Slots with few clicks, and the reference slot's level, borrow strength from the
             others. ``False``: every slot from its own clicks (the per-slot maximum likelihood).
+        refit: after fitting, one more exact update from the kept checkpoint's own logits over
+            the whole training split (``hybridrank.cli.train.refit_position_bias``; bootstrap
+            replicates and diagnosis included). The per-epoch updates use logits gathered while
+            the weights still move, which spread less than the final model's: on randomly built
+            logs with many clicks that left the deep slots' offsets about 0.05 logit too close to
+            zero (docs/BENCHMARKS.md, "Random-order worlds at 400k impressions").
 
     ``forward(position [B]) -> [B]`` offsets; training calls :meth:`accumulate` per batch and
     :meth:`update` once per epoch (``HybridRanker`` does both).
@@ -203,7 +209,7 @@ class PositionBias(nn.Module):
 
     def __init__(self, max_position: int = 50, reference_position: int = 1, tail: str = "share",
                  n_boot: int = 100, alpha: float = 0.05, seed: int = 0, max_ipw: float = 100.0,
-                 monotone: bool = True, pool: bool = True):
+                 monotone: bool = True, pool: bool = True, refit: bool = True):
         super().__init__()
         if int(max_position) < 1 or not 1 <= int(reference_position) <= int(max_position):
             raise ValueError(f"reference_position={reference_position} must lie in "
@@ -219,6 +225,7 @@ class PositionBias(nn.Module):
         self.max_ipw = float(max_ipw)
         self.monotone = bool(monotone)
         self.pool = bool(pool)
+        self.refit = bool(refit)
         s, k = self.max_position, self.n_boot
         f64 = torch.float64
         self.register_buffer("offset", torch.zeros(s))                   # b_j (float32 for serving)
@@ -550,7 +557,7 @@ class PositionBias(nn.Module):
                 f"either way); more identifying traffic (randomised requests, clicks) narrows it")
         return {
             "reference_position": self.reference_position, "max_position": self.max_position,
-            "tail": self.tail, "monotone": self.monotone, "pool": self.pool,
+            "tail": self.tail, "monotone": self.monotone, "pool": self.pool, "refit": self.refit,
             "estimator": ("per-slot exact update each epoch (regression-EM step)"
                           + (", pooled toward a curve in log(slot) (empirical Bayes)" if self.pool else "")),
             "logit_offsets": self.offsets(),

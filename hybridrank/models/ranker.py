@@ -144,6 +144,8 @@ class HybridRanker(pl.LightningModule):
         if not isinstance(self.loss, HybridLoss):
             raise ValueError(f"loss must build a hybridrank.losses.HybridLoss, got {type(self.loss)}")
         self.data_info = dict(args["data"] or {})
+        # True while refit_position_bias runs its pass over the training data (validation hooks)
+        self._refitting_offsets = False
         self.scorer = self._build_scorer(args["scorer"])
         n_out = getattr(self.scorer, "n_outputs", None)
         if n_out is not None and n_out != self.loss.n_outputs:
@@ -367,6 +369,15 @@ class HybridRanker(pl.LightningModule):
                        fields=self.field_codes(batch.cat, batch.index, batch.mask))
 
     def validation_step(self, batch: Batch, batch_idx: int) -> None:
+        if self._refitting_offsets:  # refit_position_bias: the kept model's sums, no metrics
+            positions = self._batch_positions(batch)
+            z = self.predict(batch.num, batch.cat, batch.request, positions)[0]
+            self.position_bias.accumulate(
+                positions, z - self.position_bias(positions), batch.label, batch.weight,
+                batch.request, self.global_step + 1 + batch_idx,
+                explore=getattr(batch, "explore", None),
+                propensity=getattr(batch, "propensity", None), lists=(batch.index, batch.mask))
+            return
         self._eval_step(batch, self.val_metrics)
 
     def test_step(self, batch: Batch, batch_idx: int) -> None:
@@ -383,6 +394,9 @@ class HybridRanker(pl.LightningModule):
         metrics.reset()
 
     def on_validation_epoch_end(self) -> None:
+        if self._refitting_offsets:
+            self._update_position_bias()
+            return
         self._log_metrics("val", self.val_metrics)
 
     def _update_position_bias(self) -> None:
@@ -407,7 +421,7 @@ class HybridRanker(pl.LightningModule):
             warnings.warn(f"{type(self.scorer).__name__} has no click-output bias (a 'head' Linear): "
                           "the position tower's reference step is left to the gradient steps, "
                           "which converge more slowly", stacklevel=2)
-        if trainer is not None:
+        if trainer is not None and not self._refitting_offsets:
             self.log("train/position_offset_change", float(change), sync_dist=False)
 
     def on_validation_epoch_start(self) -> None:
