@@ -501,3 +501,53 @@ def test_pooled_intervals_are_the_hull_with_the_per_slot_ones_and_old_checkpoint
     assert bool(torch.isnan(loaded.bounds).all())
     got = loaded.report()
     assert np.allclose(np.array(got["lower"][1:], dtype=float), q[0, 1:].numpy())
+
+
+@pytest.mark.slow
+def test_refit_on_the_kept_checkpoint_is_one_exact_step_from_its_own_logits(tmp_path, compose_cfg):
+    """After fitting, the best checkpoint's offsets are one per-slot step logit(Y/N) - logit(P/N)
+    from the kept model's own position-free logits over the whole training split (recomputed
+    here with plain tensors from the checkpoint before the refit: one epoch, so last.ckpt holds
+    the same weights); the reference slot's step went to the click head's bias; nothing else
+    moved. With refit: false the best checkpoint is the epoch's own."""
+    from hybridrank.cli.train import build_datamodule, train
+    from hybridrank.models.scorers import _click_head
+
+    common = ["experiment=position_bias", "data.source.n_users=300", "trainer.max_epochs=1",
+              "model.position_bias.pool=false", "model.position_bias.monotone=false",
+              "model.position_bias.n_boot=0",
+              "intervals.n_boot=0", "test_after_fit=false"]
+    cfg = compose_cfg("config", f"paths.output_dir={tmp_path / 'on'}", *common)
+    result = train(cfg)
+    best = HybridRanker.load_from_checkpoint(result["best_checkpoint"], weights_only=False)
+    before = HybridRanker.load_from_checkpoint(tmp_path / "on" / "checkpoints" / "last.ckpt",
+                                               weights_only=False).eval()
+    # the plain reference: sums per slot of clicks, σ(r + old offset) and impressions
+    dm = build_datamodule(cfg, None)
+    S = before.position_bias.max_position
+    Y, P, N = (torch.zeros(S, dtype=torch.float64) for _ in range(3))
+    old = before.position_bias.offset.double()
+    with torch.no_grad():
+        for batch in dm.eval_dataloader("train"):
+            r = before.predict(batch.num, batch.cat, batch.request)[0].double()  # reference slot
+            k = batch.position.long().clamp(max=S) - 1
+            Y.index_add_(0, k, (batch.label > 0).double())
+            P.index_add_(0, k, torch.sigmoid(r + old[k]))
+            N.index_add_(0, k, torch.ones_like(r))
+    seen = N > 0
+    level = old + (torch.log((Y + 0.5) / (N - Y + 0.5)) - torch.log((P + 0.5) / (N - P + 0.5)))
+    want = (level - level[0])[seen]
+    got = best.position_bias.offset.double()[seen]
+    assert torch.allclose(got, want, atol=1e-5), (got, want)
+    assert int(best.position_bias.updates) == int(before.position_bias.updates) + 1
+    head_before, head_after = _click_head(before.scorer).bias.detach(), _click_head(best.scorer).bias.detach()
+    assert float(head_after[-1] - head_before[-1]) == pytest.approx(float(level[0] - old[0]), abs=1e-5)
+    sb, sa = before.state_dict(), best.state_dict()
+    moved = [k for k in sb if not k.startswith("position_bias.") and not torch.equal(sb[k], sa[k])]
+    assert len(moved) == 1 and moved[0].endswith("bias"), moved
+    # refit: false keeps the epoch's own offsets
+    off = train(compose_cfg("config", f"paths.output_dir={tmp_path / 'off'}", *common,
+                            "model.position_bias.refit=false"))
+    kept = HybridRanker.load_from_checkpoint(off["best_checkpoint"], weights_only=False)
+    assert torch.equal(kept.position_bias.offset, before.position_bias.offset)
+    assert off["position_bias"]["refit"] is False and result["position_bias"]["refit"] is True
