@@ -551,3 +551,10 @@ def test_refit_on_the_kept_checkpoint_is_one_exact_step_from_its_own_logits(tmp_
     kept = HybridRanker.load_from_checkpoint(off["best_checkpoint"], weights_only=False)
     assert torch.equal(kept.position_bias.offset, before.position_bias.offset)
     assert off["position_bias"]["refit"] is False and result["position_bias"]["refit"] is True
+    # the report's training summary is the fit's, not the refit pass's (its validate restores the
+    # callbacks' state from the kept epoch, when the stopping rule had not acted yet)
+    stopped = train(compose_cfg("config", f"paths.output_dir={tmp_path / 'stopped'}", *common,
+                                "trainer.max_epochs=30"))
+    assert stopped["training"]["stopped_because"].startswith("early stopping"), stopped["training"]
+    assert stopped["training"]["epochs"] > stopped["training"]["best_epoch"]
+    assert stopped["position_bias"]["refit"] is True

@@ -120,15 +120,15 @@ def train(cfg: DictConfig, *, splits=None) -> dict[str, Any]:
     ckpt = trainer.checkpoint_callback
     best = ckpt.best_model_path if ckpt is not None and ckpt.best_model_path else None
     val_epoch, val = kept_val_metrics(trainer, best)
-    refit_position_bias(trainer, model, datamodule, best)
     result: dict[str, Any] = {
         "val": val,
         "val_epoch": val_epoch,
         "best_checkpoint": best,
         "output_dir": str(out_dir),
-        "training": training_summary(trainer, best),
+        "training": training_summary(trainer, best),  # before the refit's validate pass resets it
         "fit_seconds": fit_seconds,
     }
+    refit_position_bias(trainer, model, datamodule, best)
     if cfg.get("test_after_fit", True):
         tested = trainer.test(model, datamodule=datamodule, ckpt_path=best, verbose=False)
         result["test"] = {k: float(v) for k, v in tested[0].items()}  # streaming (every rank)
