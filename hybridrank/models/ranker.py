@@ -335,10 +335,7 @@ class HybridRanker(pl.LightningModule):
         positions = self._batch_positions(batch)
         z, out = self.predict(batch.num, batch.cat, batch.request, positions)
         if positions is not None:  # the tower's per-slot sums (its exact update runs per epoch)
-            self.position_bias.accumulate(
-                positions, z.detach() - self.position_bias(positions), batch.label, batch.weight,
-                batch.request, self.global_step, explore=getattr(batch, "explore", None),
-                propensity=getattr(batch, "propensity", None), lists=(batch.index, batch.mask))
+            self._accumulate_offsets(batch, positions, z.detach(), self.global_step)
         logits = gather_lists(out, batch.rank_index, batch.rank_mask)
         labels = gather_lists(batch.label, batch.rank_index, batch.rank_mask)
         weights = None
@@ -354,6 +351,15 @@ class HybridRanker(pl.LightningModule):
         for name, value in parts.items():
             self.log(f"train/loss_{name}", value, batch_size=n)
         return total
+
+    def _accumulate_offsets(self, batch: Batch, positions: torch.Tensor, z: torch.Tensor,
+                            step: int) -> None:
+        """Add a batch to the tower's per-slot sums: ``z`` the logits at the logged positions,
+        ``step`` seeds the bootstrap weights."""
+        self.position_bias.accumulate(
+            positions, z - self.position_bias(positions), batch.label, batch.weight, batch.request,
+            step, explore=getattr(batch, "explore", None),
+            propensity=getattr(batch, "propensity", None), lists=(batch.index, batch.mask))
 
     def _eval_step(self, batch: Batch, metrics: ListMetrics) -> None:
         # labels were drawn at the logged positions: validation scores there (for a model with a
@@ -372,11 +378,7 @@ class HybridRanker(pl.LightningModule):
         if self._refitting_offsets:  # refit_position_bias: the kept model's sums, no metrics
             positions = self._batch_positions(batch)
             z = self.predict(batch.num, batch.cat, batch.request, positions)[0]
-            self.position_bias.accumulate(
-                positions, z - self.position_bias(positions), batch.label, batch.weight,
-                batch.request, self.global_step + 1 + batch_idx,
-                explore=getattr(batch, "explore", None),
-                propensity=getattr(batch, "propensity", None), lists=(batch.index, batch.mask))
+            self._accumulate_offsets(batch, positions, z, self.global_step + 1 + batch_idx)
             return
         self._eval_step(batch, self.val_metrics)
 
