@@ -554,7 +554,7 @@ def test_refit_on_the_kept_checkpoint_is_one_exact_step_from_its_own_logits(tmp_
     # the report's training summary is the fit's, not the refit pass's (its validate restores the
     # callbacks' state from the kept epoch, when the stopping rule had not acted yet)
     stopped = train(compose_cfg("config", f"paths.output_dir={tmp_path / 'stopped'}", *common,
-                                "trainer.max_epochs=30"))
+                                "trainer.max_epochs=30", "callbacks.early_stopping.patience=1"))
     assert stopped["training"]["stopped_because"].startswith("early stopping"), stopped["training"]
     assert stopped["training"]["epochs"] > stopped["training"]["best_epoch"]
     assert stopped["position_bias"]["refit"] is True
