@@ -125,7 +125,7 @@ def train(cfg: DictConfig, *, splits=None) -> dict[str, Any]:
         "val_epoch": val_epoch,
         "best_checkpoint": best,
         "output_dir": str(out_dir),
-        "training": training_summary(trainer, best),  # before the refit's validate pass resets it
+        "training": training_summary(trainer, best),  # the fit's, before any other trainer call
         "fit_seconds": fit_seconds,
     }
     refit_position_bias(trainer, model, datamodule, best)
@@ -162,7 +162,7 @@ def refit_position_bias(trainer: pl.Trainer, model: HybridRanker, datamodule, be
     """One more exact update of the position tower's offsets from the kept checkpoint's logits.
 
     The per-epoch updates sum logits gathered while the weights still move; the kept model's own
-    logits spread more. This pass restores the best checkpoint, runs it in eval mode over the
+    logits spread more. This pass loads the best checkpoint's weights, runs them in eval mode over the
     whole training split (every rank its shard; the sums are all-reduced as in training), takes
     one exact per-slot step (the reference slot's step to the relevance intercept, bootstrap
     replicates and diagnosis recomputed) and writes the weights back into the best checkpoint,
@@ -181,17 +181,19 @@ def refit_position_bias(trainer: pl.Trainer, model: HybridRanker, datamodule, be
         return False
     from hybridrank.serving.checkpoint import atomic_torch_save
 
+    # the kept weights, loaded by hand: validate(ckpt_path=...) would also restore the callbacks'
+    # state (the stopping rule's) to the kept epoch's
+    state = torch.load(best, map_location="cpu", weights_only=False)
+    model.load_state_dict(state["state_dict"])
     limit = trainer.limit_val_batches
     trainer.limit_val_batches = trainer.limit_train_batches  # the data the model was fitted on
     model._refitting_offsets = True
     try:
-        trainer.validate(model, dataloaders=datamodule.eval_dataloader("train"), ckpt_path=best,
-                         verbose=False)
+        trainer.validate(model, dataloaders=datamodule.eval_dataloader("train"), verbose=False)
     finally:
         model._refitting_offsets = False
         trainer.limit_val_batches = limit
     if trainer.is_global_zero:
-        state = torch.load(best, map_location="cpu", weights_only=False)
         state["state_dict"] = {k: v.detach().cpu() for k, v in model.state_dict().items()}
         atomic_torch_save(state, best)
     trainer.strategy.barrier("refit_position_bias")
