@@ -197,9 +197,9 @@ def refit_position_bias(trainer: pl.Trainer, model: HybridRanker, datamodule, be
         state["state_dict"] = {k: v.detach().cpu() for k, v in model.state_dict().items()}
         atomic_torch_save(state, best)
     trainer.strategy.barrier("refit_position_bias")
-    change = tower.last_change
-    log.info("position tower: refit on the kept checkpoint moved the offsets by at most %.4f logit",
-             float(change))
+    if trainer.is_global_zero:
+        log.info("position tower: refit on the kept checkpoint moved the offsets by at most "
+                 "%.4f logit", float(tower.last_change))
     return True
 
 
