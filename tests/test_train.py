@@ -9,6 +9,8 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
+import yaml
 
 from hybridrank.cli.train import format_table, train
 
@@ -44,6 +46,15 @@ def test_train_beats_base_rate_and_random_order(tmp_path, make_cfg):
     assert result["optimized_metric"] == result["val"]["val/logloss"]
     table = format_table(result)
     assert "this model" in table and "oracle" in table and "ndcg@10" in table
+    # the logger's hparams.yaml: every hyperparameter, the vocabularies as their sizes; the
+    # checkpoint keeps the vocabularies themselves
+    logged = yaml.safe_load((tmp_path / "logs" / "hparams.yaml").read_text())
+    kept = torch.load(result["best_checkpoint"], weights_only=False)["hyper_parameters"]
+    assert set(logged) == set(kept) and logged["loss"] == kept["loss"]
+    vocab = kept["data"]["schema"]["vocab"]
+    assert len(vocab["item_id"]) > 100
+    assert logged["data"]["schema"]["vocab"] == {k: f"{len(v)} values (in the checkpoint)"
+                                                 for k, v in vocab.items()}
 
 
 @pytest.mark.slow
