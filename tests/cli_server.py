@@ -8,7 +8,11 @@ in a fresh child process forked from that state: the child *is* the console scri
 call's argv, environment, working directory and stdin / stdout / stderr (passed over a unix
 socket as file descriptors), and its exit status goes back to the caller. A small launcher named
 like each console script (``bin/hybridrank-train`` ...) stands first on the ``PATH`` of the
-commands, so a shell command runs exactly as written.
+commands, so a shell command runs exactly as written. A launcher for Python itself
+(``hybridrank-test-python -c CODE ...`` or ``... SCRIPT ...``; not on the PATH under the name
+``python``) serves the benchmark scripts and test workers that tests run as subprocesses; a child
+killed by a signal kills its launcher with the same signal, so a caller sees what the real process
+would have shown (``returncode == -SIGKILL``).
 
 What it does not check, and where that is checked instead: the console-script wrappers that pip
 writes (the CI's wheel step runs the real executables outside the checkout), and warnings
@@ -52,8 +56,19 @@ while len(status) < 4:
     if not part:
         sys.exit("hybridrank test server: the connection closed before an exit status")
     status += part
-sys.exit(int.from_bytes(status, "big", signed=True))
+code = int.from_bytes(status, "big", signed=True)
+if code < 0:  # the child died of a signal: die of the same one, as the real process would
+    import signal
+    if -code not in (signal.SIGKILL, signal.SIGSTOP):  # those two have no handler to reset
+        signal.signal(-code, signal.SIG_DFL)
+    os.kill(os.getpid(), -code)
+sys.exit(code)
 '''
+
+
+#: the launcher for Python itself (``-c CODE`` or ``SCRIPT``, with arguments): the scripts and
+#: workers that tests run in a subprocess, served like the console scripts
+PYTHON = "hybridrank-test-python"
 
 
 def console_scripts() -> dict[str, str]:
@@ -73,6 +88,29 @@ def _recv_exact(conn: socket.socket, n: int, fds: list[int]) -> bytes:
     return data
 
 
+def _run_python(argv: list[str], env: dict[str, str]) -> None:
+    """What ``python -c CODE ARGS`` or ``python SCRIPT ARGS`` does, in this process: sys.argv and
+    sys.path[0] as Python sets them, the call's PYTHONPATH and PYTHONWARNINGS applied."""
+    import runpy
+    import warnings
+
+    extra = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    if argv[:1] == ["-c"]:
+        sys.argv = ["-c", *argv[2:]]
+        sys.path[:0] = ["", *extra]
+        if env.get("PYTHONWARNINGS"):
+            warnings._processoptions(env["PYTHONWARNINGS"].split(","))  # noqa: SLF001
+        exec(compile(argv[1], "<string>", "exec"), {"__name__": "__main__"})  # noqa: S102
+    elif argv and not argv[0].startswith("-"):
+        sys.argv = list(argv)
+        sys.path[:0] = [str(Path(argv[0]).resolve().parent), *extra]
+        if env.get("PYTHONWARNINGS"):
+            warnings._processoptions(env["PYTHONWARNINGS"].split(","))  # noqa: SLF001
+        runpy.run_path(argv[0], run_name="__main__")
+    else:
+        raise SystemExit(f"{PYTHON}: only '-c CODE ...' or 'SCRIPT ...' are served; got {argv[:2]}")
+
+
 def _child(request: dict, fds: list[int], scripts: dict[str, str], listener: socket.socket) -> int:
     """Runs in the forked child: become the console script and return its exit status."""
     listener.close()
@@ -88,13 +126,18 @@ def _child(request: dict, fds: list[int], scripts: dict[str, str], listener: soc
     os.environ.clear()
     os.environ.update(request["env"])
     os.chdir(request["cwd"])
+    if request["env"].get("OMP_NUM_THREADS", "").isdigit() and "torch" in sys.modules:
+        sys.modules["torch"].set_num_threads(int(request["env"]["OMP_NUM_THREADS"]))  # as at start-up
     prog = request["prog"]
-    module, func = scripts[prog].split(":")
-    # argv[0] is the real executable: a launcher that re-executes it (Lightning's DDP) runs it
-    real = Path(sys.executable).parent / prog
-    sys.argv = [str(real), *request["argv"]]
     try:
-        result = getattr(importlib.import_module(module), func)()
+        if prog == PYTHON:
+            result = _run_python(request["argv"], request["env"])
+        else:
+            module, func = scripts[prog].split(":")
+            # argv[0] is the real executable: a launcher that re-executes it (Lightning's DDP)
+            # runs it
+            sys.argv = [str(Path(sys.executable).parent / prog), *request["argv"]]
+            result = getattr(importlib.import_module(module), func)()
         code = result if isinstance(result, int) else 0
     except SystemExit as e:
         code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
@@ -138,7 +181,7 @@ def serve(sock_path: str) -> None:
             _, status = os.waitpid(pid, 0)
             children.discard(pid)
             code = os.waitstatus_to_exitcode(status)
-            conn.sendall((128 - code if code < 0 else code).to_bytes(4, "big", signed=True))
+            conn.sendall(code.to_bytes(4, "big", signed=True))  # < 0: the signal that killed it
 
     def stop(*_):
         for pid in list(children):
@@ -168,6 +211,11 @@ class Server:
         env["PATH"] = f"{self.bin}{os.pathsep}{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
         return env
 
+    @property
+    def python(self) -> str:
+        """The served Python: ``[server.python, "-c", code]`` or ``[server.python, script]``."""
+        return str(self.bin / PYTHON)
+
     def close(self) -> None:
         self.process.terminate()
         try:
@@ -185,7 +233,7 @@ def start() -> Server | None:
     folder = Path(tempfile.mkdtemp(prefix="hr-cli-"))
     sock = str(folder / "s")
     (folder / "bin").mkdir()
-    for prog in console_scripts():
+    for prog in [*console_scripts(), PYTHON]:
         launcher = folder / "bin" / prog
         launcher.write_text(LAUNCHER.format(python=sys.executable, sock=sock, prog=prog))
         launcher.chmod(launcher.stat().st_mode | stat.S_IXUSR)

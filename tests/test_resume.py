@@ -17,21 +17,33 @@ import torch
 WORKER = Path(__file__).with_name("resume_worker.py")
 
 
-def run(args, cwd, **kw):
+def _env(server) -> dict[str, str]:
     path = os.pathsep.join(p for p in (str(WORKER.parent), os.environ.get("PYTHONPATH")) if p)
     env = dict(os.environ, PYTHONWARNINGS="ignore", PYTHONPATH=path)
-    return subprocess.run(args, cwd=cwd, capture_output=True, text=True, timeout=600, env=env, **kw)
+    return server.env(env) if server is not None else env
+
+
+def run(args, cwd, server=None, **kw):
+    return subprocess.run(args, cwd=cwd, capture_output=True, text=True, timeout=600,
+                          env=_env(server), **kw)
 
 
 @pytest.mark.slow
-def test_sigkill_mid_epoch_then_resume_gives_identical_metrics(tmp_path):
+def test_sigkill_mid_epoch_then_resume_gives_identical_metrics(tmp_path, cli_server):
+    """The uninterrupted and the killed run side by side, each on one thread (both are processes
+    forked from the test server where there is one, tests/cli_server.py; the resume runs the
+    documented command)."""
     full, crashed = tmp_path / "full", tmp_path / "crashed"
-    p = run([sys.executable, str(WORKER), str(full)], tmp_path)
-    assert p.returncode == 0, p.stderr[-3000:]
+    python = cli_server.python if cli_server is not None else sys.executable
+    env = dict(_env(cli_server), OMP_NUM_THREADS="1")
     # the killed run: SIGKILL in the middle of the second epoch
     kill_step = 33
-    p = run([sys.executable, str(WORKER), str(crashed), str(kill_step)], tmp_path)
-    assert p.returncode == -signal.SIGKILL, (p.returncode, p.stderr[-3000:])
+    procs = [subprocess.Popen([python, str(WORKER), str(out), *extra], cwd=tmp_path, env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for out, extra in ((full, []), (crashed, [str(kill_step)]))]
+    (_, err_full), (_, err_crashed) = (p.communicate(timeout=600) for p in procs)
+    assert procs[0].returncode == 0, err_full[-3000:]
+    assert procs[1].returncode == -signal.SIGKILL, (procs[1].returncode, err_crashed[-3000:])
     assert not (crashed / "metrics.json").exists()
     last = torch.load(crashed / "checkpoints" / "last.ckpt", weights_only=False)
     epoch_loop = last["loops"]["fit_loop"]["epoch_loop.batch_progress"]["current"]
@@ -39,10 +51,11 @@ def test_sigkill_mid_epoch_then_resume_gives_identical_metrics(tmp_path):
     assert last["epoch"] == 1 and 0 < epoch_loop["completed"] < n_batches, "not a mid-epoch checkpoint"
     assert not list((crashed / "checkpoints").glob("*.tmp")), "a partial checkpoint was left behind"
     # the documented command, minus the test's killer callback
-    exe = Path(sys.executable).with_name("hybridrank-resume")
+    exe = (cli_server.bin if cli_server is not None else Path(sys.executable).parent) / "hybridrank-resume"
     cmd = [str(exe)] if exe.exists() else [sys.executable, "-c",
                                            "from hybridrank.cli.train import resume_main; resume_main()"]
-    p = run([*cmd, str(crashed), "~callbacks.killer"], tmp_path)
+    p = subprocess.run([*cmd, str(crashed), "~callbacks.killer"], cwd=tmp_path, capture_output=True,
+                       text=True, timeout=600, env=env)
     assert p.returncode == 0, p.stderr[-3000:]
     a = json.loads((full / "metrics.json").read_text())
     b = json.loads((crashed / "metrics.json").read_text())
@@ -71,7 +84,7 @@ def test_sigkill_mid_epoch_then_resume_gives_identical_metrics(tmp_path):
     # resuming a finished run says so and does nothing
     before = (crashed / "metrics.json").read_bytes(), (crashed / "logs" / "metrics.csv").read_bytes()
     mtimes = {f.name: f.stat().st_mtime_ns for f in (crashed / "checkpoints").iterdir()}
-    p = run([*cmd, str(crashed)], tmp_path)
+    p = run([*cmd, str(crashed)], tmp_path, cli_server)
     assert p.returncode == 0, p.stderr[-3000:]
     assert "already finished" in p.stdout and "nothing to resume" in p.stdout
     assert "epoch 1/" not in p.stdout + p.stderr  # nothing trained

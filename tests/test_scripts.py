@@ -15,13 +15,22 @@ SCRIPTS = ROOT / "scripts"
 DOCS = ROOT / "docs" / "BENCHMARKS.md"
 
 
-def _script(name: str, *args: str, env_code: str = "pass", timeout: float = 1200):
-    """Run ``scripts/<name>`` in a subprocess (``env_code`` runs first, e.g. to hide a module)."""
-    code = (f"import sys, runpy; sys.path.insert(0, {str(SCRIPTS)!r}); {env_code}; "
-            f"sys.argv = [{name!r}, *{list(args)!r}]; "
-            f"runpy.run_path({str(SCRIPTS / name)!r}, run_name='__main__')")
-    return subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
-                          timeout=timeout)
+@pytest.fixture(scope="module")
+def script(cli_server):
+    """``script(name, *args, env_code=..., timeout=...)``: run ``scripts/<name>`` in a subprocess
+    (``env_code`` runs first, e.g. to hide a module), served by the test fork server (the imports
+    paid once; tests/cli_server.py) where there is one; the commands it starts are served too."""
+
+    def run(name: str, *args: str, env_code: str = "pass", timeout: float = 1200):
+        code = (f"import sys, runpy; sys.path.insert(0, {str(SCRIPTS)!r}); {env_code}; "
+                f"sys.argv = [{name!r}, *{list(args)!r}]; "
+                f"runpy.run_path({str(SCRIPTS / name)!r}, run_name='__main__')")
+        python = cli_server.python if cli_server is not None else sys.executable
+        env = cli_server.env() if cli_server is not None else None
+        return subprocess.run([python, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                              timeout=timeout, env=env)
+
+    return run
 
 
 def _digest() -> str:
@@ -41,9 +50,9 @@ def _digest() -> str:
     ("bench_all.py", ["--only", "reader"]),
 ])
 @pytest.mark.slow
-def test_partial_runs_refuse_to_write_docs_before_any_work(name, args):
+def test_partial_runs_refuse_to_write_docs_before_any_work(script, name, args):
     before = _digest()
-    p = _script(name, *args, "--write-docs", timeout=300)
+    p = script(name, *args, "--write-docs", timeout=300)
     assert p.returncode != 0, p.stdout[-2000:]
     assert "--write-docs: a partial run does not replace the published tables" in p.stderr, p.stderr[-2000:]
     assert _digest() == before
@@ -52,9 +61,9 @@ def test_partial_runs_refuse_to_write_docs_before_any_work(name, args):
 @pytest.mark.parametrize("name, args", [("bench_letor.py", ["--models", "lgbm_binary", "bce"]),
                                         ("bench_real.py", ["--models", "mlp", "lgbm_binary"])])
 @pytest.mark.slow
-def test_missing_lightgbm_is_an_error(name, args):
+def test_missing_lightgbm_is_an_error(script, name, args):
     before = _digest()
-    p = _script(name, *args, env_code="sys.modules['lightgbm'] = None", timeout=300)
+    p = script(name, *args, env_code="sys.modules['lightgbm'] = None", timeout=300)
     assert p.returncode != 0
     assert "LightGBM is not installed" in p.stderr and "lgbm_binary" in p.stderr, p.stderr[-2000:]
     assert _digest() == before
@@ -94,9 +103,9 @@ def test_scripts_train_one_way():
 
 @pytest.mark.slow
 @pytest.mark.real_data
-def test_quick_letor_run_leaves_the_docs_alone(real_data, tmp_path):
+def test_quick_letor_run_leaves_the_docs_alone(script, real_data, tmp_path):
     before = _digest()
-    p = _script("bench_letor.py", "--quick", "--out", str(tmp_path / "letor.json"))
+    p = script("bench_letor.py", "--quick", "--out", str(tmp_path / "letor.json"))
     assert p.returncode == 0, p.stderr[-4000:]
     assert "docs/BENCHMARKS.md not touched" in p.stdout
     assert "hybridrank bce_softmax" in p.stdout and "LightGBM binary" in p.stdout
@@ -105,14 +114,14 @@ def test_quick_letor_run_leaves_the_docs_alone(real_data, tmp_path):
 
 
 @pytest.mark.slow
-def test_generalization_bench_on_a_small_random_world(tmp_path):
+def test_generalization_bench_on_a_small_random_world(script, tmp_path):
     """scripts/bench_generalization.py end to end on one tiny world shown in random order (seed
     4000: ~8k impressions, true offsets -1.09 log(slot)): it trains through the command line,
     exports, and the row it reports is judged against the world's truth. A random-order log must
     not be flagged, the stopping rule must act, and the offsets' intervals must hold the truth in
     most slots (the world is small: the offsets themselves are loose)."""
     out = tmp_path / "gen.json"
-    p = _script("bench_generalization.py", "--worlds", "1", "--seed0", "4000", "--size", "tiny",
+    p = script("bench_generalization.py", "--worlds", "1", "--seed0", "4000", "--size", "tiny",
                 "--variants", "tower", "--no-reference", "--pin", "logging=random",
                 "--out", str(out), timeout=900)
     assert p.returncode == 0, p.stderr[-3000:]

@@ -90,17 +90,21 @@ print(json.dumps({"growth_mb": peak_mb() - base, "n": int(rows.size), "batches":
 """
 
 
-def _run(code: str, *args: str) -> dict:
-    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code), *args], capture_output=True,
-                          text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+def _run(*jobs: tuple[str, ...]) -> list[dict]:
+    """Run each ``(code, *args)`` in its own fresh interpreter, side by side; their JSON results."""
+    procs = [subprocess.Popen([sys.executable, "-c", textwrap.dedent(code), *args], text=True,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE) for code, *args in jobs]
+    out = []
+    for proc in procs:
+        stdout, stderr = proc.communicate(timeout=300)
+        assert proc.returncode == 0, stderr[-3000:]
+        out.append(json.loads(stdout.strip().splitlines()[-1]))
+    return out
 
 
 @pytest.mark.slow
 def test_one_epoch_streams_every_impression_once_in_bounded_memory(big_log):
-    full = _run(_FULL, big_log["glob"])
-    stream = _run(_STREAM, big_log["glob"], "40000")
+    full, stream = _run((_FULL, big_log["glob"]), (_STREAM, big_log["glob"], "40000"))
     print(f"\nfull load: +{full['growth_mb']:.0f} MB peak RSS for {full['n']} impressions; "
           f"streaming ({stream['chunks']} chunks of ~40k rows): +{stream['growth_mb']:.0f} MB, "
           f"{stream['batches']} batches")
