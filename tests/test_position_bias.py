@@ -96,6 +96,34 @@ def test_bootstrap_interval_matches_the_sampling_error():
     assert np.all((lo < off) & (off < hi))
 
 
+def test_replicate_sums_equal_a_loop_over_impressions_and_draws_are_poisson_one():
+    """The bootstrap's replicate sums against a plain loop (each impression's values times its
+    request's weight, added to its slot), and the weights' frequencies against Poisson(1)."""
+    from scipy.stats import chisquare, poisson
+
+    from hybridrank.models.position import _replicate_sums, poisson_one
+
+    rng = np.random.default_rng(0)
+    n, n_req, n_slots, k = 300, 40, 7, 5
+    req = torch.from_numpy(np.sort(rng.integers(0, n_req, n)))
+    slot = torch.from_numpy(rng.integers(0, n_slots, n))
+    vals = torch.from_numpy(rng.random((3, n)))
+    counts = poisson_one((n_req, k), torch.Generator().manual_seed(1))
+    got = _replicate_sums(vals, req * n_slots + slot, counts, n_slots)
+    want = np.zeros((3, k, n_slots))
+    for i in range(n):
+        for b in range(k):
+            want[:, b, int(slot[i])] += vals[:, i].numpy() * float(counts[int(req[i]), b])
+    np.testing.assert_allclose(got.numpy(), want, rtol=1e-12)
+    draws = poisson_one((400_000,), torch.Generator().manual_seed(2)).numpy()
+    assert np.array_equal(draws, np.round(draws)) and draws.min() == 0
+    observed = np.bincount(draws.astype(int), minlength=7)[:7].astype(float)
+    observed[6] += (draws > 6).sum()
+    expected = poisson.pmf(np.arange(7), 1.0) * draws.size
+    expected[6] = poisson.sf(5, 1.0) * draws.size
+    assert chisquare(observed, expected).pvalue > 1e-3, (observed, expected)
+
+
 def test_unseen_slots_carry_the_nearest_lower_slot_and_the_tail_is_counted():
     r, slot, y, _ = _synthetic(seed=2, n=50_000, n_slots=3)
     slot = np.where(slot == 2, 3, slot)                 # slot index 2 (position 3) never shown

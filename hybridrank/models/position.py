@@ -172,6 +172,35 @@ def _information(sums: torch.Tensor) -> torch.Tensor:
     return sums[1] * (sums[2] - sums[1]).clamp(min=0) / sums[2].clamp(min=1e-300)
 
 
+#: Poisson(1)'s distribution function at 0..17; past 17 the mass is below 1e-16, under the float64
+#: resolution of the uniforms it inverts
+_POISSON_ONE_CDF = torch.cumsum(torch.exp(-1.0 - torch.lgamma(torch.arange(18, dtype=torch.float64) + 1)), 0)
+
+
+def poisson_one(shape: tuple[int, ...], generator: torch.Generator) -> torch.Tensor:
+    """Poisson(1) draws (float64) by inverting its distribution function: exact to float64
+    rounding, and about twice as fast as ``torch.poisson`` on a tensor of ones (the bootstrap
+    draws one per request and replicate, every training step).
+
+    >>> x = poisson_one((200_000,), torch.Generator().manual_seed(0))
+    >>> round(float(x.mean()), 2), round(float(x.var()), 2), float(x.min())
+    (1.0, 1.0, 0.0)
+    """
+    u = torch.rand(shape, generator=generator, dtype=torch.float64)
+    return torch.bucketize(u, _POISSON_ONE_CDF, right=True).to(torch.float64)
+
+
+def _replicate_sums(vals: torch.Tensor, cell: torch.Tensor, counts: torch.Tensor,
+                    n_slots: int) -> torch.Tensor:
+    """``[3, K, S]`` replicate sums: ``Σ_i vals[:, i] * counts[request_i, k]`` per slot, where
+    ``cell = request * n_slots + slot``. The values are first summed per (request, slot), then
+    weighted by one matrix product over requests (not an ``[B, 3, K]`` product per impression)."""
+    n_req, k = counts.shape
+    per = torch.zeros(n_req * n_slots, 3, dtype=vals.dtype, device=vals.device)
+    per.index_add_(0, cell, vals.T)
+    return (counts.T @ per.view(n_req, n_slots * 3)).view(k, n_slots, 3).permute(2, 0, 1)
+
+
 class PositionBias(nn.Module):
     """A logit offset per display slot, estimated exactly given the relevance model.
 
@@ -311,12 +340,12 @@ class PositionBias(nn.Module):
             req = torch.arange(y.numel(), device=y.device) if request is None else request.long()
             n_req = int(req.max()) + 1 if req.numel() else 0
             g = torch.Generator().manual_seed(self.seed * 1_000_003 + int(step))
-            counts = torch.poisson(torch.ones(n_req, self.n_boot, dtype=torch.float64), g)
-            rw = counts.to(y.device)[req]                                      # [B, K]
-            boot = vals.T.unsqueeze(-1) * rw.unsqueeze(1)                      # [B, 3, K]
-            self.boot_sums.index_add_(2, slot, boot.permute(1, 2, 0))
+            counts = poisson_one((n_req, self.n_boot), g).to(y.device)       # [R, K]
+            self.boot_sums += _replicate_sums(vals, req * self.max_position + slot, counts,
+                                              self.max_position)
             if xw is not None:
-                self.boot_sums_x.index_add_(2, slot, (boot * xw[:, None, None]).permute(1, 2, 0))
+                self.boot_sums_x += _replicate_sums(vals * xw, req * self.max_position + slot,
+                                                    counts, self.max_position)
         if lists is not None:
             index, mask = lists
             lpos = torch.where(mask, position[index], torch.zeros_like(index))
