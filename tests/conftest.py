@@ -44,6 +44,34 @@ def compose_cfg():
     return _compose
 
 
+#: the shared small run (:func:`small_run`): the simulator's default log at 150 users, one epoch,
+#: field calibration by item category, 60 bootstrap resamples for the intervals
+SMALL_RUN = ("data.source.n_users=150", "trainer.max_epochs=1", "trainer.enable_progress_bar=false",
+             "model.metrics.fields=[item_category]", "intervals.n_boot=60")
+
+
+@pytest.fixture(scope="session")
+def _small_run(tmp_path_factory):
+    from hybridrank.cli.train import train
+
+    out = tmp_path_factory.mktemp("small_run")
+    cfg = _compose("config", f"paths.output_dir={out}", *SMALL_RUN)
+    result = train(cfg)
+    return {"result": result, "cfg": cfg, "out": out, "ckpt": Path(result["best_checkpoint"])}
+
+
+@pytest.fixture
+def small_run(_small_run):
+    """One small model trained once per session in-process through the hydra config
+    (:data:`SMALL_RUN`), for the tests that need a trained run rather than their own settings:
+    ``{"result", "cfg", "out", "ckpt"}`` (``train``'s result, the composed config, the run folder,
+    the kept checkpoint). A copy of the result each time; tests write only under their own
+    ``tmp_path``, never into the run folder."""
+    import copy
+
+    return {**_small_run, "result": copy.deepcopy(_small_run["result"])}
+
+
 @pytest.fixture(scope="session")
 def cli_server():
     """The console scripts served by a fork server (tests/cli_server.py): a command pays the

@@ -315,7 +315,7 @@ def _sk_ndcg(scores, labels, k):
 
 @pytest.mark.slow
 def test_train_table_points_equal_brute_force_and_intervals_rest_on_the_same_statistics(
-        compose_cfg, tmp_path):
+        small_run):
     """Every number of hybridrank-train's table (model, oracle, base rate; f_ece@field) is the
     metric of the scores by loops / sklearn, metrics.json holds the same values, and each interval
     comes from the very statistics whose all-ones weighting gives the printed point."""
@@ -323,14 +323,11 @@ def test_train_table_points_equal_brute_force_and_intervals_rest_on_the_same_sta
 
     import hydra
 
-    from hybridrank.cli.train import TABLE_COLUMNS, final_statistics, format_table, train
+    from hybridrank.cli.train import TABLE_COLUMNS, final_statistics, format_table
     from hybridrank.metrics.uncertainty import interval_table
     from hybridrank.models.ranker import HybridRanker
 
-    cfg = compose_cfg("config", f"paths.output_dir={tmp_path}", "data.source.n_users=150",
-                      "trainer.max_epochs=1", "trainer.enable_progress_bar=false",
-                      "model.metrics.fields=[item_category]", "intervals.n_boot=60")
-    result = train(cfg)
+    cfg, result = small_run["cfg"], small_run["result"]  # fields=[item_category], n_boot=60
     model = HybridRanker.load_from_checkpoint(result["best_checkpoint"], weights_only=True)
     test = hydra.utils.instantiate(cfg.data.source).load().test
     z = model.predict_split(test, at_logged_position=True)[0].double()
@@ -344,7 +341,7 @@ def test_train_table_points_equal_brute_force_and_intervals_rest_on_the_same_sta
     columns = (*TABLE_COLUMNS, "f_ece@item_category")
     values = {"this model": {k.removeprefix("test/"): v for k, v in result["test"].items()},
               **result["reference"]}
-    saved = json.loads((tmp_path / "metrics.json").read_text())
+    saved = json.loads((small_run["out"] / "metrics.json").read_text())
     table = format_table(result, columns)
     for name, (scores, p) in rows.items():
         lists = [(scores[a:b], labels[a:b]) for a, b in zip(bounds[:-1], bounds[1:])]

@@ -27,21 +27,14 @@ from hybridrank.serving.export import (
     score_frame,
 )
 
-N_USERS = 150
-
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory, compose_cfg):
-    """A tiny model trained in-process through the hydra config; its checkpoint and test split."""
+def trained(_small_run, compose_cfg):
+    """The session's small trained run (conftest.small_run; read, never written): its checkpoint,
+    model, config and splits."""
     import hydra
 
-    from hybridrank.cli.train import train
-
-    out = tmp_path_factory.mktemp("run")
-    cfg = compose_cfg("config", f"paths.output_dir={out}", f"data.source.n_users={N_USERS}",
-                      "trainer.max_epochs=1", "trainer.enable_progress_bar=false")
-    result = train(cfg)
-    ckpt = Path(result["best_checkpoint"])
+    ckpt = _small_run["ckpt"]
     model = load_model(ckpt)
     config = dict(model.hparams.config)
     splits = hydra.utils.instantiate(config["data"]["source"]).load()
