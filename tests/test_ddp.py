@@ -14,13 +14,17 @@ import torch
 WORKER = Path(__file__).with_name("ddp_worker.py")
 
 
-def run_workers(*runs: tuple[Path, int]) -> None:
-    """The workers side by side (mostly interpreter start-up; one thread each)."""
+def run_workers(*runs: tuple[Path, int], server=None) -> None:
+    """The workers side by side (mostly interpreter start-up; one thread each), forked from the
+    test server where there is one (rank 0; Lightning starts rank 1 as a real process)."""
     env = dict(os.environ, PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1")
+    python = sys.executable
+    if server is not None:
+        env, python = server.env(env), server.python
     procs = []
     for out, devices in runs:
         out.mkdir(parents=True, exist_ok=True)
-        procs.append(subprocess.Popen([sys.executable, str(WORKER), str(out), str(devices)],
+        procs.append(subprocess.Popen([python, str(WORKER), str(out), str(devices)],
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                       env=env, cwd=out))
     for proc in procs:
@@ -29,8 +33,8 @@ def run_workers(*runs: tuple[Path, int]) -> None:
 
 
 @pytest.mark.slow
-def test_ddp_two_processes_see_each_impression_once_and_metrics_match(tmp_path):
-    run_workers((tmp_path / "ddp", 2), (tmp_path / "single", 1))
+def test_ddp_two_processes_see_each_impression_once_and_metrics_match(tmp_path, cli_server):
+    run_workers((tmp_path / "ddp", 2), (tmp_path / "single", 1), server=cli_server)
     n = json.loads((tmp_path / "ddp" / "n_impressions.json").read_text())
     for epoch in (0, 1):
         shards = [torch.load(tmp_path / "ddp" / f"rows_rank{r}_epoch{epoch}.pt") for r in (0, 1)]
