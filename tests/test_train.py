@@ -76,11 +76,16 @@ def test_config_typo_is_rejected(tmp_path, make_cfg):
 
 
 @pytest.mark.slow
-def test_console_script_multirun(tmp_path):
-    exe = Path(sys.executable).with_name("hybridrank-train")
+def test_console_script_multirun(tmp_path, cli_server):
+    """``hybridrank-train -m`` as a command (served by the test server where there is one; the
+    real executable runs in test_cli's quiet-console test and in CI's wheel step)."""
+    folder = cli_server.bin if cli_server is not None else Path(sys.executable).parent
+    exe = folder / "hybridrank-train"
     if not exe.exists():
         pytest.skip("hybridrank-train is not installed in this environment (pip install -e .)")
     env = dict(os.environ, PYTHONWARNINGS="ignore")
+    if cli_server is not None:
+        env = cli_server.env(env)
     proc = subprocess.run(
         [str(exe), "-m", "loss=bce,bce_softmax", "data.source.n_users=150", "debug=fast",
          f"hydra.sweep.dir={tmp_path}/sweep"],
