@@ -98,10 +98,14 @@ SORTED_CORRELATION = 0.05
 #: uncertain by about x1.28 either way)
 PRECISE_HALF_WIDTH = 0.25
 PRECISION_SLOTS = 10
-#: fewest clicks of the identifying traffic (exploration requests, or propensity-weighted) in the
-#: reference slot for its offsets to count as identified: below it a ratio of click counts is
-#: noise, and a monotone projection of it can make its bootstrap intervals look narrow
-#: (measured: 1 % exploration, ~5 clicks: every offset projected to 0, intervals [0, 0])
+#: fewest clicks of the traffic the offsets were fitted on (all of it, exploration requests, or
+#: propensity-weighted) in the reference slot for the offsets and their intervals to count as
+#: reliable: below it a ratio of click counts is noise, and a monotone projection of it can make
+#: its bootstrap intervals look narrow (measured: 1 % exploration, ~5 clicks: every offset
+#: projected to 0, intervals [0, 0]). It is a floor on precision, not a test of identification:
+#: a random-order log with few clicks identifies the effect and estimates it poorly (until
+#: 2026-11-27 it made exploration traffic "NOT identified", so a random-order log whose requests
+#: were all marked as exploration was flagged while the same log unmarked was not; world 1002)
 MIN_IDENTIFYING_CLICKS = 20
 
 
@@ -533,17 +537,13 @@ class PositionBias(nn.Module):
         sorted_policy = (corr is not None and abs(corr) > SORTED_CORRELATION
                          and (se is None or abs(corr) > 3 * se))
         ref_clicks = float(self.last_fit[0, self.reference_position - 1])
-        if mode != "all" and ref_clicks < MIN_IDENTIFYING_CLICKS:
-            how = "exploration requests" if mode == "exploration" else "propensity-weighted traffic"
-            verdict, identified = (
-                f"NOT identified: the {how} hold {ref_clicks:.0f} click(s) in the reference slot "
-                f"({float(self.last_fit[0].sum()):.0f} in all; fewer than {MIN_IDENTIFYING_CLICKS}): "
-                f"offsets from so few clicks are noise and their intervals are not reliable; the "
-                f"position-free pCTR rests on them (more exploration traffic, or a longer log)"), False
-        elif mode != "all":
+        few = ref_clicks < MIN_IDENTIFYING_CLICKS
+        if mode != "all":
             how = ("exploration requests (shown in random order)" if mode == "exploration"
                    else "inverse-propensity weighted impressions")
-            verdict, identified = f"identified by {how}; intervals reflect how much of it there is", True
+            verdict, identified = f"identified by {how}", True
+            if not few:
+                verdict += "; intervals reflect how much of it there is"
         elif corr is None:
             verdict, identified = "unknown: no request with three or more impressions to measure", None
         elif sorted_policy:
@@ -556,7 +556,18 @@ class PositionBias(nn.Module):
         else:
             verdict, identified = (f"identified: the logged slot is independent of the model's "
                                    f"relevance (mean within-request rank correlation {corr:.2f})"), True
+        few = bool(identified) and few
+        if few:
+            what = {"all": "the log", "exploration": "the exploration requests",
+                    "propensity": "the propensity-weighted traffic"}[mode]
+            verdict += (
+                f"; but UNRELIABLE: {what} hold {ref_clicks:.0f} click(s) in the reference slot "
+                f"({float(self.last_fit[0].sum()):.0f} in all; fewer than {MIN_IDENTIFYING_CLICKS}): "
+                f"offsets from so few clicks are mostly noise and their intervals are not to be "
+                f"trusted; the position-free pCTR rests on them (more randomised traffic, or a "
+                f"longer log)")
         return {"identified": identified, "verdict": verdict, "estimated_from": mode,
+                "too_few_clicks": few,
                 "identifying_clicks": float(self.last_fit[0].sum()),
                 "identifying_clicks_reference": ref_clicks,
                 "rank_correlation": corr, "rank_correlation_se": se, "requests_measured": n,
@@ -577,7 +588,9 @@ class PositionBias(nn.Module):
                   if s and j != ref and j < PRECISION_SLOTS and l is not None and h is not None]
         ident["widest_half_width"] = max(widths) if widths else None
         ident["precise"] = None if not widths else max(widths) <= PRECISE_HALF_WIDTH
-        if ident["identified"] and ident["precise"] is False:
+        if ident["too_few_clicks"]:  # its verdict says so already; narrow intervals prove nothing
+            ident["precise"] = False
+        elif ident["identified"] and ident["precise"] is False:
             hw = max(widths)
             ident["verdict"] += (
                 f"; but IMPRECISE: the widest {100 * (1 - self.alpha):.0f} % interval of slots "
