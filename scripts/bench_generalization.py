@@ -300,6 +300,7 @@ def evaluate_run(w: dict[str, Any], name: str, run: dict, scratch: Path) -> dict
             row["offsets_covered"] = f"{sum(inside)}/{len(inside)}" if inside else None
         ident = info.get("identifiability") or {}
         row["identified"] = ident.get("identified")
+        row["precise"] = ident.get("precise")
         row["rank_corr"] = ident.get("rank_correlation")
     bayes = float(np.mean(_xent(p_true, p_true)))
     row["excess"] = float(np.mean(_xent(logged_none, p_true))) - bayes
@@ -340,7 +341,7 @@ def reference_row(w: dict[str, Any]) -> dict[str, Any]:
 # reporting
 # ----------------------------------------------------------------------------------------------
 COLS = ("excess", "ndcg_gap", "pcoc_ref", "pcoc_ref_none", "pcoc_drift", "offset_err", "offsets_covered", "identified",
-        "auto", "d_ll", "welfare", "epochs", "stop")
+        "precise", "auto", "d_ll", "welfare", "epochs", "stop")
 
 
 def _fmt(v: Any) -> str:
