@@ -69,7 +69,10 @@ three or more impressions, outside exploration traffic; positive: the top slots 
 model finds most relevant). :meth:`PositionBias.report` turns it, with the share of exploration
 traffic, into a verdict: ``identified`` (random-order logging, or exploration / propensities),
 or ``not identified`` (a sorting policy and nothing that randomises it), said in plain words in
-the train report and the export metadata.
+the train report and the export metadata. Identification is a property of the design; precision
+is reported beside it: an identified effect is IMPRECISE when an offset's interval is wide, and
+UNRELIABLE when the traffic the offsets were fitted on holds fewer than
+``MIN_IDENTIFYING_CLICKS`` clicks in the reference slot (its intervals cannot be trusted either).
 """
 
 from __future__ import annotations
