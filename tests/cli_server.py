@@ -94,21 +94,20 @@ def _run_python(argv: list[str], env: dict[str, str]) -> None:
     import runpy
     import warnings
 
+    code = argv[:1] == ["-c"] and len(argv) >= 2
+    if not code and not (argv and not argv[0].startswith("-")):
+        raise SystemExit(f"{PYTHON}: only '-c CODE ...' or 'SCRIPT ...' are served; got {argv[:2]}")
     extra = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
-    if argv[:1] == ["-c"]:
+    if env.get("PYTHONWARNINGS"):
+        warnings._processoptions(env["PYTHONWARNINGS"].split(","))  # noqa: SLF001
+    if code:
         sys.argv = ["-c", *argv[2:]]
         sys.path[:0] = ["", *extra]
-        if env.get("PYTHONWARNINGS"):
-            warnings._processoptions(env["PYTHONWARNINGS"].split(","))  # noqa: SLF001
         exec(compile(argv[1], "<string>", "exec"), {"__name__": "__main__"})  # noqa: S102
-    elif argv and not argv[0].startswith("-"):
+    else:
         sys.argv = list(argv)
         sys.path[:0] = [str(Path(argv[0]).resolve().parent), *extra]
-        if env.get("PYTHONWARNINGS"):
-            warnings._processoptions(env["PYTHONWARNINGS"].split(","))  # noqa: SLF001
         runpy.run_path(argv[0], run_name="__main__")
-    else:
-        raise SystemExit(f"{PYTHON}: only '-c CODE ...' or 'SCRIPT ...' are served; got {argv[:2]}")
 
 
 def _child(request: dict, fds: list[int], scripts: dict[str, str], listener: socket.socket) -> int:
