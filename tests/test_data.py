@@ -18,7 +18,7 @@ from reference import ref_libsvm
 from hybridrank.data.fingerprint import DataChangedError, check_fingerprint, file_fingerprint, fingerprint_diff
 from hybridrank.data.hashing import stable_hash
 from hybridrank.data.libsvm import read_libsvm
-from hybridrank.data.readers import ColumnMap, read_clicklog, validate_frame
+from hybridrank.data.readers import ColumnMap, normalize_types, read_clicklog, validate_frame
 from hybridrank.data.schema import Schema
 from hybridrank.data.simulate import simulate_clicklog
 from hybridrank.data.sources import SIM_COLUMNS_MAP, ClickLogSource, LetorSource, SimulatedSource, Splits, split_frame
@@ -313,6 +313,59 @@ def test_column_map_from_dict():
         ColumnMap.from_dict({"request": "r", "label": "y", "lable": "z"})
     with pytest.raises(ValueError, match="needs a `time` column"):
         ColumnMap(request=["a", "b"], label="y", request_time_bucket=60)
+
+
+def test_time_features_column_map_rules():
+    cm = ColumnMap(request="r", label="y", time="ts", categorical=["c"],
+                   time_features=["weekday", "hour"])
+    assert cm.categorical == ["c", "ts_weekday", "ts_hour"]
+    assert cm.derived_columns() == {"ts_weekday": "weekday", "ts_hour": "hour"}
+    assert "ts_weekday" not in cm.source_columns() and "ts" in cm.source_columns()
+    again = ColumnMap.from_dict(cm.to_dict())  # a stored map lists them already: not twice
+    assert again == cm and again.categorical == ["c", "ts_weekday", "ts_hour"]
+    with pytest.raises(ValueError, match="time_features \\['month'\\] unknown"):
+        ColumnMap(request="r", label="y", time="ts", time_features=["month"])
+    with pytest.raises(ValueError, match="need a `time` column"):
+        ColumnMap(request="r", label="y", time_features=["hour"])
+    with pytest.raises(ValueError, match="twice"):
+        ColumnMap(request="r", label="y", time="ts", time_features=["hour", "hour"])
+
+
+@given(st.lists(st.integers(-10**9, 4 * 10**9), min_size=1, max_size=30), st.booleans())
+def test_time_features_match_a_datetime_reference(stamps, as_text):
+    """UTC weekday (0 = Monday) and hour against Python's datetime, from epoch seconds and from
+    ISO strings alike."""
+    import datetime as dt
+
+    utc = [dt.datetime.fromtimestamp(t, dt.timezone.utc) for t in stamps]
+    col = [u.strftime("%Y-%m-%dT%H:%M:%S") for u in utc] if as_text else stamps
+    frame = pl.DataFrame({"r": list(range(len(stamps))), "y": [0.0] * len(stamps), "ts": col})
+    cm = ColumnMap(request="r", label="y", time="ts", time_features=["weekday", "hour"])
+    out = normalize_types(frame, cm)
+    assert out["ts_weekday"].to_list() == [u.weekday() for u in utc]
+    assert out["ts_hour"].to_list() == [u.hour for u in utc]
+
+
+def test_time_features_are_learned_from_and_computed_again_for_scoring(tmp_path, small_log):
+    """The derived categoricals get a vocabulary from train like any categorical, and a frame
+    read for scoring (which has no such column) gets the same codes."""
+    cm = ColumnMap(**{**SMALL_MAP.to_dict(), "categorical": ["item_id", "item_category"],
+                      "time_features": ["weekday", "hour"]})
+    small_log.write_parquet(tmp_path / "log.parquet")
+    s = ClickLogSource(tmp_path / "log.parquet", cm.to_dict(),
+                       {"by": "hash", "val": 0.2, "test": 0.2, "key": "user"}).load()
+    assert list(s.schema.categorical) == ["item_id", "item_category", "time_weekday", "time_hour"]
+    assert s.schema.vocab_sizes[2] == small_log.select(
+        ((pl.col("time") // 86400 + 3) % 7).n_unique()).item()
+    again = s.schema.read(read_clicklog(tmp_path / "log.parquet", cm).drop("time_weekday", "time_hour"))
+    fresh = s.schema.read(read_clicklog(tmp_path / "log.parquet", cm))
+    assert torch.equal(again.cat, fresh.cat) and torch.equal(again.num, fresh.num)
+    # ListData keeps one time per request (the simulator's requests happen at one instant)
+    t = torch.repeat_interleave(fresh.time, torch.diff(fresh.offsets))
+    hours = ((t // 3600) % 24).tolist()
+    vocab = list(s.schema.vocab["time_hour"])  # code k + 1 for the k-th kept value (as text)
+    want = [vocab.index(str(h)) + 1 if str(h) in vocab else 0 for h in hours]
+    np.testing.assert_array_equal(fresh.cat[:, 3].numpy(), want)
 
 
 # ----------------------------------------------------------------------------------------------

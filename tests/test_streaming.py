@@ -18,6 +18,7 @@ from memprobe import PROBE
 from torch.utils.data import DataLoader
 
 from hybridrank.data.datamodule import ListDataModule
+from hybridrank.data.readers import ColumnMap, read_clicklog
 from hybridrank.data.sampler import GroupBatchSampler, ListDataset
 from hybridrank.data.schema import Schema
 from hybridrank.data.simulate import simulate_clicklog
@@ -158,6 +159,16 @@ def test_streamed_schema_equals_in_memory_fit(small_log):
             assert start == 0 or keys[start] != keys[start - 1]
             end = start + n
             assert end == len(keys) or keys[end] != keys[end - 1]
+
+
+def test_streamed_time_features_equal_in_memory(small_log):
+    """Calendar features derived from the time column: the streamed schema and batches' codes
+    are those of the in-memory read."""
+    cm = ColumnMap.from_dict({**SIM_COLUMNS_MAP.to_dict(), "time_features": ["weekday", "hour"]})
+    src = StreamingClickLogSource(small_log["glob"], cm, chunk_rows=700)
+    ref = Schema.fit(read_clicklog(small_log["glob"], cm), cm, 1)
+    assert src.schema.categorical[-2:] == ("time_weekday", "time_hour")
+    assert src.schema.vocab == ref.vocab and len(ref.vocab["time_hour"]) > 1
 
 
 def test_oov_counts_match_a_reference(small_log):

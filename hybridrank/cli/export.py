@@ -351,9 +351,12 @@ def input_chunks(model: HybridRanker, pattern: str, chunk_rows: int,
                          "categorical); map renamed columns in the file instead")
     roles = {c: "request id" for c in cm.request_columns}
     roles.update({c: "numeric feature" for c in cm.numeric})
-    roles.update({c: "categorical feature" for c in cm.categorical})
+    derived = cm.derived_columns()
+    roles.update({c: "categorical feature" for c in cm.categorical if c not in derived})
     if cm.request_time_bucket is not None:
         roles[cm.time] = "time (request_time_bucket)"
+    elif derived:
+        roles[cm.time] = f"time (time_features {cm.time_features})"
     files = expand_files(pattern)
     have = set(scan_clicklog(files, cm, pattern=pattern, require=[]).collect_schema().names())
     missing = [f"{c!r} ({r})" for c, r in roles.items() if c not in have]

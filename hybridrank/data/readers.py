@@ -34,6 +34,13 @@ _NUMERIC_KINDS = ("label", "bid", "true_p", "explore", "propensity")
 #: this are a recycled id, not one page.
 MAX_REQUEST_SPAN = 3600
 
+#: Calendar features a column map can derive from its time column (``time_features``), each a
+#: categorical named ``<time>_<feature>``: the value from int64 epoch seconds, in UTC.
+TIME_FEATURES = {
+    "hour": lambda t: (t // 3600) % 24,                 # 0..23
+    "weekday": lambda t: (t // 86400 + 3) % 7,         # 0 = Monday (1970-01-01 was a Thursday)
+}
+
 
 # ----------------------------------------------------------------------------------------------
 # Column map
@@ -62,6 +69,11 @@ class ColumnMap:
         categorical: categorical feature columns (vocabulary from train, 0 = out of vocabulary).
         request_time_bucket: seconds; when set, the request id is ``request`` x ``floor(time /
             request_time_bucket)`` (needs ``time``), e.g. 86400 for "same user features, same day".
+        time_features: calendar features derived from ``time`` (:data:`TIME_FEATURES`:
+            ``hour``, ``weekday``; UTC), each a categorical feature named ``<time>_<feature>``
+            that is appended to ``categorical`` (and computed again when a model scores a new
+            file). A weekly or daily cycle in the click rate is then something the model can
+            learn instead of a level it averages over (docs/BENCHMARKS.md, "Time features").
     """
 
     request: str | list[str]
@@ -78,6 +90,7 @@ class ColumnMap:
     numeric: list[str] = field(default_factory=list)
     categorical: list[str] = field(default_factory=list)
     request_time_bucket: int | None = None
+    time_features: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if not isinstance(self.request, str):
@@ -93,6 +106,16 @@ class ColumnMap:
                 raise ValueError(f"request_time_bucket must be > 0 seconds, got "
                                  f"{self.request_time_bucket}")
             self.request_time_bucket = int(self.request_time_bucket)
+        self.time_features = [str(c) for c in (self.time_features or [])]
+        unknown = [c for c in self.time_features if c not in TIME_FEATURES]
+        if unknown:
+            raise ValueError(f"time_features {unknown} unknown; choose from {sorted(TIME_FEATURES)}")
+        if len(set(self.time_features)) != len(self.time_features):
+            raise ValueError(f"time_features lists a feature twice: {self.time_features}")
+        if self.time_features and self.time is None:
+            raise ValueError(f"time_features {self.time_features} need a `time` column")
+        # derived categoricals join the features (once: a stored map already lists them)
+        self.categorical += [c for c in self.derived_columns() if c not in self.categorical]
         overlap = set(self.numeric) & set(self.categorical)
         if overlap:
             raise ValueError(f"columns both numeric and categorical: {sorted(overlap)}")
@@ -101,11 +124,17 @@ class ColumnMap:
     def request_columns(self) -> list[str]:
         return [self.request] if isinstance(self.request, str) else list(self.request)
 
+    def derived_columns(self) -> dict[str, str]:
+        """``{column name: time feature}`` of the categoricals computed from ``time``."""
+        return {f"{self.time}_{f}": f for f in self.time_features}
+
     def source_columns(self) -> list[str]:
-        """Every mapped column name, each once, in a stable order."""
+        """Every mapped column name the files must hold, each once, in a stable order (derived
+        time features are computed, not read)."""
+        derived = self.derived_columns()
         names = [*self.request_columns, self.label, self.session, self.user, self.time,
                  self.position, self.item, self.bid, self.true_p, self.explore, self.propensity,
-                 *self.numeric, *self.categorical]
+                 *self.numeric, *(c for c in self.categorical if c not in derived)]
         return list(dict.fromkeys(n for n in names if n is not None))
 
     def to_dict(self) -> dict:
@@ -341,7 +370,12 @@ def normalize_types(frame: pl.DataFrame, columns: ColumnMap) -> pl.DataFrame:
         casts[columns.position] = _cast_checked(frame, columns.position, pl.Int64, "position")
     if columns.time is not None and columns.time in have:
         casts[columns.time] = _time_expr(frame, columns.time)
-    return frame.with_columns(e.alias(c) for c, e in casts.items()) if casts else frame
+    out = frame.with_columns(e.alias(c) for c, e in casts.items()) if casts else frame
+    derived = columns.derived_columns()
+    if derived and columns.time in have:
+        t = pl.col(columns.time)
+        out = out.with_columns(TIME_FEATURES[f](t).alias(c) for c, f in derived.items())
+    return out
 
 
 # ----------------------------------------------------------------------------------------------
