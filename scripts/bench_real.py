@@ -1,11 +1,13 @@
 """Which scorer? The scorers on real data: MQ2008 (5 folds), the MSLR-WEB subset, Open Bandit.
 
-The question of this script is the scorer (``model=``), each with the pointwise anchor and the
-default hybrid; ``bench_letor.py`` asks which loss, on MQ2008's standard protocol. Both train
-through ``_common.train_hybrid`` and ``_common.fit_lightgbm``.
+The question of this script is the scorer (``model=``), each with the pointwise anchor (the
+default loss since 2026-11-27) and the hybrid ``bce_softmax``; ``bench_letor.py`` asks which
+loss, on MQ2008's standard protocol. Both train through ``_common.train_hybrid`` and
+``_common.fit_lightgbm``.
 
 Every hybridrank scorer (``mlp``, ``fm``, ``deepfm``, ``dcnv2``, ``list_aware``) with each loss of
-``--losses`` (default ``bce``, the pointwise anchor, and ``bce_softmax``, the default hybrid),
+``--losses`` (default ``bce``, the pointwise anchor, and ``bce_softmax``, the hybrid that was the
+default until 2026-11-27),
 next to LightGBM ``binary`` and ``lambdarank`` trained in the same run on the same splits, all
 scored by the same code. Train time is the fit alone (hybridrank: ``trainer.fit`` with its
 per-epoch validation; LightGBM: Dataset construction + boosting with early stopping), reported

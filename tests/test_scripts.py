@@ -139,6 +139,17 @@ def test_generalization_bench_on_a_small_random_world(script, tmp_path):
     assert "| 4000 | tower |" in p.stdout  # the per-world table is printed
 
 
+def test_loss_mix_bench_measures_the_one_over_ctr_pull(monkeypatch):
+    """The softmax term's pull on the logits over BCE's is about 1 / CTR (the docstring's
+    arithmetic), measured by autograd on a small world's batches."""
+    monkeypatch.syspath_prepend(str(SCRIPTS))
+    import bench_loss_mix as B
+
+    row = B.world_row(1143, budget=2048, n_batches=4, size="tiny")
+    assert 0.5 < row["ratio"] * row["ctr"] < 1.2, row
+    assert 1.0 < row["softmax"] < 2.0 and row["bce"] < 4 * row["ctr"], row
+
+
 def test_bench_commits_matches_tables_cell_by_cell(monkeypatch):
     """The side-by-side runner pairs cells by (table, row, column): a title's own timing does not
     split a table, repeated titles and row labels are numbered, text cells name the row."""

@@ -35,7 +35,7 @@ def test_train_beats_base_rate_and_random_order(tmp_path, make_cfg):
     # a constant score with ties="average" is exactly the expected NDCG of a random order
     assert test["test/ndcg@10"] > base["ndcg@10"] + 0.05
     assert test["test/gauc"] > 0.55
-    # calibration of the default hybrid stays sane
+    # calibration of the default model stays sane
     assert 0.7 < test["test/pcoc"] < 1.3
     # the run's outputs
     saved = json.loads((tmp_path / "metrics.json").read_text())
