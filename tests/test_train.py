@@ -139,3 +139,55 @@ def test_without_negative_reweighting_the_export_corrects(tmp_path, make_cfg, co
     p = 1 / (1 + np.exp(-frame["logit"].to_numpy().astype(np.float64)))
     w = corr["neg_keep_rate"]
     assert np.allclose(frame["pctr"].to_numpy(), p / (p + (1 - p) / w), atol=1e-9)
+
+
+def _request_level_log(path: Path, ctx_eff, n_req: int = 2000, width: int = 8, n_items: int = 200):
+    """Lists of 8 distinct items; a context constant within each request shifts the click logit
+    by ``ctx_eff[ctx]``; item effects and a numeric feature vary within the request."""
+    import numpy as np
+    import polars as pl
+
+    rng = np.random.default_rng(0)
+    ctx = rng.integers(0, len(ctx_eff), n_req)
+    item = np.argsort(rng.random((n_req, n_items)), axis=1)[:, :width]
+    x = rng.normal(size=(n_req, width))
+    logit = -3.0 + np.asarray(ctx_eff)[ctx][:, None] + rng.normal(0, 0.8, n_items)[item] + 0.5 * x
+    click = rng.random((n_req, width)) < 1 / (1 + np.exp(-logit))
+    pl.DataFrame({"request_id": np.repeat(np.arange(n_req), width),
+                  "time": np.repeat(np.arange(n_req) * 60, width), "ctx": np.repeat(ctx, width),
+                  "item_id": item.ravel(), "x": x.ravel(),
+                  "click": click.ravel().astype(float)}).write_parquet(path)
+
+
+@pytest.mark.slow
+def test_default_loss_learns_a_request_wide_level_that_the_half_softmax_hybrid_drowns(tmp_path, compose_cfg):
+    """The level of a feature constant within each request (device, weekday): only the pointwise
+    term can teach it, a listwise term being blind to it. The default (BCE) learns it; at
+    0.5 BCE + 0.5 softmax the listwise term, whose pull on the logits is ~1 / CTR times BCE's,
+    drowned it, the reason it is no longer the default (docs/BENCHMARKS.md, "The default loss").
+    Read as the slope of the model's mean logit per context on the true effect."""
+    import numpy as np
+    import polars as pl
+
+    from hybridrank.cli.export import export
+
+    ctx_eff = np.array([-0.6, -0.2, 0.2, 0.6])
+    log = tmp_path / "log.parquet"
+    _request_level_log(log, ctx_eff)
+    slope = {}
+    for loss in ("bce", "bce_softmax"):
+        out = tmp_path / loss
+        result = train(compose_cfg(
+            "config", f"paths.output_dir={out}", "data=clicklog", f"data.source.path={log}",
+            *(f"data.source.columns.{k}=null" for k in ("session", "user", "position", "bid")),
+            "data.source.columns.numeric=[x]", "data.source.columns.categorical=[ctx,item_id]",
+            "data.source.split.key=request", "intervals.n_boot=0",
+            "trainer.enable_progress_bar=false", f"loss={loss}"))
+        export(compose_cfg("export", f"checkpoint={result['best_checkpoint']}", "split=all",
+                           "calibrator=none", f"output={out / 's.parquet'}", f"paths.output_dir={out}"))
+        scores = pl.read_parquet(out / "s.parquet").join(pl.read_parquet(log), on=["request_id", "item_id"])
+        means = scores.group_by("ctx").agg(pl.col("logit").mean()).sort("ctx")["logit"].to_numpy()
+        t = ctx_eff - ctx_eff.mean()
+        slope[loss] = float((means - means.mean()) @ t / (t @ t))
+    assert slope["bce"] > 0.6, slope
+    assert slope["bce_softmax"] < 0.3, slope
