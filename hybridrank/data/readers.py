@@ -74,6 +74,7 @@ class ColumnMap:
             that is appended to ``categorical`` (and computed again when a model scores a new
             file). A weekly or daily cycle in the click rate is then something the model can
             learn instead of a level it averages over (docs/BENCHMARKS.md, "Time features").
+            The names are reserved: a file column of the same name is not read.
     """
 
     request: str | list[str]
