@@ -824,3 +824,42 @@ def test_loss_config_names_say_what_they_hold():
             assert path.stem == next(iter(terms)), path.stem  # a pure ranking loss: its term's name
         elif path.stem not in ("rcr", "jrc"):
             assert path.stem == "bce_" + "_".join(terms), path.stem
+
+
+def test_rank_reduction_per_impression_matches_a_reference_and_balances_the_pull():
+    """``rank_reduction="impressions"``: each ranking term is its sum over lists divided by BCE's
+    denominator (the impression weight). Against a hand-built reference, with and without
+    weights; and on a sparse-click batch the softmax term's pull on the logits (L1 of the
+    gradient) drops from ~1 / CTR times BCE's to at most BCE's."""
+    g = torch.Generator().manual_seed(0)
+    s = torch.randn(40, 12, generator=g)
+    y = (torch.rand(40, 12, generator=g) < 0.03).float()
+    m = torch.rand(40, 12, generator=g) < 0.9
+    w = torch.rand(40, 12, generator=g) + 0.5
+    for weights in (None, w):
+        loss = L.HybridLoss(0.5, terms={"softmax": {"weight": 0.5}, "ranknet": {"weight": 0.25}},
+                            rank_reduction="impressions")
+        total, parts = loss(s, y, mask=m, weights=weights)
+        denom = (m if weights is None else weights * m).sum()
+        ref_soft = L.softmax_loss(s, y, mask=m, weights=weights, reduction="sum") / denom
+        ref_pair = L.ranknet_loss(s, y, mask=m, weights=weights, reduction="sum") / denom
+        ref = 0.5 * L.bce_loss(s, y, mask=m, weights=weights) + 0.5 * ref_soft + 0.25 * ref_pair
+        assert torch.allclose(total, ref, rtol=1e-5), (total, ref)
+        assert torch.allclose(parts["softmax"], ref_soft, rtol=1e-5)
+
+    near = math.log(0.03 / 0.97) + 0.3 * s  # logits near the click rate, as in training
+
+    def pull(term_loss):
+        x = near.clone().requires_grad_()
+        term_loss(x).backward()
+        return float(x.grad.abs().sum())
+
+    bce = pull(lambda x: L.bce_loss(x, y, mask=m))
+    by_list = pull(lambda x: L.HybridLoss(0.0, terms={"softmax": {}})(x, y, mask=m)[0])
+    by_imp = pull(lambda x: L.HybridLoss(0.0, terms={"softmax": {}}, rank_reduction="impressions")(x, y, mask=m)[0])
+    assert by_list > 5 * bce and by_imp <= bce, (bce, by_list, by_imp)
+    empty = L.HybridLoss(0.5, terms={"softmax": {}}, rank_reduction="impressions")
+    total, _ = empty(s, y, mask=torch.zeros_like(m))
+    assert total.item() == 0.0
+    with pytest.raises(ValueError, match="rank_reduction"):
+        L.HybridLoss(0.5, rank_reduction="queries")

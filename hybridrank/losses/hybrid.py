@@ -54,6 +54,7 @@ _RESERVED = ("point", "rank", "total")
 _TERM_KEYS = ("loss", "weight", "options")
 _FIXED_ARGS = ("logits", "labels", "mask", "weights", "reduction")
 _CHECKS = ("first", "always", "never")
+_RANK_REDUCTIONS = ("lists", "impressions")
 
 
 def click_logit(out: Tensor, n_outputs: int | None = None) -> Tensor:
@@ -101,6 +102,13 @@ class HybridLoss(nn.Module):
         check_labels: ``"first"`` (default: check label range and NaN on the first call only,
             one device sync), ``"always"`` (every call) or ``"never"``. Shape and dtype checks
             always run; they are free.
+        rank_reduction: how each ranking term is reduced over the batch. ``"lists"`` (default):
+            its own mean over the lists it counts (the published definitions). ``"impressions"``:
+            its sum over lists divided by BCE's denominator (the impression weight), so both
+            parts are per-impression quantities. A listwise term's mean over the few lists with
+            a click pulls on the logits about 1 / CTR times harder than BCE
+            (``scripts/bench_loss_mix.py``); per impression, about (clicked lists) / (clicks)
+            times, at most 1, and the weights read as proportions of the pull.
 
     Example:
         >>> loss = HybridLoss(0.5, terms={"softmax": {"weight": 0.5}})
@@ -117,8 +125,12 @@ class HybridLoss(nn.Module):
         label_max: float = 1.0,
         terms: Mapping[str, Mapping[str, object]] | None = None,
         check_labels: str = "first",
+        rank_reduction: str = "lists",
     ) -> None:
         super().__init__()
+        if rank_reduction not in _RANK_REDUCTIONS:
+            raise ValueError(f"rank_reduction must be one of {_RANK_REDUCTIONS}, got {rank_reduction!r}")
+        self.rank_reduction = rank_reduction
         if point_target not in TARGETS:
             raise ValueError(f"point_target must be one of {TARGETS}, got {point_target!r}")
         if not float(label_max) > 0:
@@ -172,7 +184,7 @@ class HybridLoss(nn.Module):
     def extra_repr(self) -> str:
         terms = ", ".join(f"{n}={k}×{w:g}{o or ''}" for n, (k, w, o) in self.terms.items())
         return (f"point_weight={self.point_weight:g}, point_target={self.point_target!r}, "
-                f"label_max={self.label_max:g}, terms=[{terms}]")
+                f"label_max={self.label_max:g}, terms=[{terms}], rank_reduction={self.rank_reduction!r}")
 
     def _check(self, logits: Tensor, labels: Tensor, mask: Tensor, weights: Tensor | None) -> None:
         if self.n_outputs == 2 and (logits.dim() != 3 or logits.shape[-1] != 2):
@@ -227,9 +239,16 @@ class HybridLoss(nn.Module):
         total = self.point_weight * point if self.point_weight else torch.zeros_like(point)
         parts = {"point": point.detach()}
         rank = torch.zeros_like(point)
+        per_impression = self.rank_reduction == "impressions"
+        if per_impression and self.terms:  # BCE's denominator: the impression weight
+            denom = (mask if weights is None else weights * mask).sum().to(point.dtype)
         for name, (kind, weight, options) in self.terms.items():
             inp = logits if kind == "jrc" else logit
-            value = LOSSES[kind](inp, labels, mask=mask, weights=weights, **options)
+            if per_impression:
+                value = LOSSES[kind](inp, labels, mask=mask, weights=weights, reduction="sum", **options)
+                value = torch.where(denom > 0, value / denom.clamp_min(1e-12), torch.zeros_like(value))
+            else:
+                value = LOSSES[kind](inp, labels, mask=mask, weights=weights, **options)
             parts[name] = value.detach()
             rank = rank + weight * value
         parts["rank"] = rank.detach()
