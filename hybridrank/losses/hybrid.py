@@ -244,11 +244,10 @@ class HybridLoss(nn.Module):
             denom = (mask if weights is None else weights * mask).sum().to(point.dtype)
         for name, (kind, weight, options) in self.terms.items():
             inp = logits if kind == "jrc" else logit
+            value = LOSSES[kind](inp, labels, mask=mask, weights=weights,
+                                 reduction="sum" if per_impression else "mean", **options)
             if per_impression:
-                value = LOSSES[kind](inp, labels, mask=mask, weights=weights, reduction="sum", **options)
                 value = torch.where(denom > 0, value / denom.clamp_min(1e-12), torch.zeros_like(value))
-            else:
-                value = LOSSES[kind](inp, labels, mask=mask, weights=weights, **options)
             parts[name] = value.detach()
             rank = rank + weight * value
         parts["rank"] = rank.detach()
