@@ -172,3 +172,35 @@ def test_bench_commits_matches_tables_cell_by_cell(monkeypatch):
     assert rows[("20,000 / torchmetrics", "ms")] == pytest.approx((1050.0, 1050.0, 1.0, 1.0, 1.0))
     assert rows[("20,000 / ours", "NDCG")][2] == 1.0
     assert BC.number("**251x**") == 251 and BC.number("0.45 ± 0.01") == 0.45 and BC.number("n/a") is None
+
+
+def test_offsets_bench_recovers_known_offsets_and_its_floor_solves_the_click_equation(monkeypatch):
+    """bench_offsets: the level shift solves sum sigmoid(logit + c) = clicks (checked against
+    scipy's root finder); given the true relevance of a random-order log with many clicks, the
+    shipped tower recovers the offsets and the level; a tiny world's row has every estimator."""
+    from scipy.optimize import brentq
+
+    monkeypatch.syspath_prepend(str(SCRIPTS))
+    import bench_offsets as BO
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    z = rng.normal(-3.0, 1.0, 5000)
+    c = BO.level_shift(z, 400.0)
+    assert c == pytest.approx(brentq(lambda s: float(BO._sigmoid(z + s).sum()) - 400.0, -10, 10), abs=1e-9)
+    with pytest.raises(ValueError, match="clicks"):
+        BO.level_shift(z, 0.0)
+
+    true = np.array([0.0, -0.3, -0.5, -0.65, -0.75, -0.8])
+    n_req, slots = 40_000, true.size
+    pos = np.tile(np.arange(1, slots + 1), n_req)
+    req = np.repeat(np.arange(n_req), slots)
+    rel = rng.normal(-2.0, 0.8, pos.size)
+    click = (rng.random(pos.size) < BO._sigmoid(rel + true[pos - 1] + 0.2)).astype(np.float64)
+    off, shift = BO.fit_offsets(pos, rel, click, req)
+    assert np.max(np.abs(off[:slots] - true)) < 0.06, off[:slots]
+    assert shift == pytest.approx(0.2, abs=0.04)
+
+    row = BO.world_row(4000, size="tiny")
+    assert 0.8 < row["floor"] < 1.25 and row["clicks"] > 0
+    assert set(BO.ESTIMATORS) <= set(row) and all(r["offset_err"] >= 0 for k, r in row.items() if k in BO.ESTIMATORS)

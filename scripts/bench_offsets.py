@@ -1,0 +1,169 @@
+"""What the clicks allow: the position tower's estimator given the TRUE relevance, beside the floor.
+
+``scripts/bench_generalization.py`` measures the whole pipeline (a model learns the relevance, the
+tower estimates the offsets from it). When PCOC at the reference slot or an offset misses there,
+three things can be at fault: the relevance model, the offsets' estimator, or the clicks
+themselves. This script takes the relevance model out: on random-order worlds
+(:mod:`hybridrank.data.worlds`, split as ``conf/data/clicklog.yaml`` splits) it hands
+:class:`~hybridrank.models.position.PositionBias` the true position-free click logits of the
+training rows and alternates its exact per-slot update with the intercept step, as training does,
+until the offsets stop moving. It prints per world, for the test rows:
+
+- ``floor``: PCOC at the reference slot of the truth itself, its level fitted to the training
+  clicks (``sum sigmoid(true logit + c) = clicks``): the click sampling noise that no estimator
+  of a level from these clicks escapes (1 with infinitely many clicks). A world whose floor lies
+  outside [0.95, 1.05] cannot meet that target with any model;
+- for the shipped estimator (``pool`` and ``monotone``, the defaults) and with each switched off:
+  PCOC at the reference slot and the largest error of the offsets of slots 2-10 (logit).
+
+Aggregates: worlds with PCOC in [0.95, 1.05], offsets within 0.1 and 0.2, and the root mean square
+of log PCOC. Usage::
+
+    python scripts/bench_offsets.py --worlds 10 --seed0 1120
+    python scripts/bench_offsets.py --worlds 10 --seed0 1110 --impressions 400000
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from hybridrank.data.readers import ColumnMap
+from hybridrank.data.sources import split_frame
+from hybridrank.data.worlds import draw_world, simulate_world
+from hybridrank.models.position import PositionBias
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_generalization import SPLIT  # noqa: E402  (the split the CLI runs use)
+
+#: name -> PositionBias switches
+ESTIMATORS: dict[str, dict[str, bool]] = {
+    "shipped": {},
+    "no_pool": {"pool": False},
+    "no_monotone": {"monotone": False},
+    "per_slot": {"pool": False, "monotone": False},
+    "shipped_marked": {"explore": True},
+    "no_pool_marked": {"pool": False, "explore": True},
+}
+
+
+def _logit(p: np.ndarray) -> np.ndarray:
+    p = np.clip(p, 1e-12, 1 - 1e-12)
+    return np.log(p / (1 - p))
+
+
+def _sigmoid(z: np.ndarray) -> np.ndarray:
+    return 1.0 / (1.0 + np.exp(-z))
+
+
+def level_shift(logit: np.ndarray, clicks: float, tol: float = 1e-12) -> float:
+    """The shift ``c`` with ``sum sigmoid(logit + c) = clicks`` (Newton; the sum rises with c)."""
+    if not 0 < clicks < logit.size:
+        raise ValueError(f"need 0 < clicks < rows, got {clicks} clicks on {logit.size} rows")
+    c = math.log(clicks / float(_sigmoid(logit).sum()))
+    for _ in range(100):
+        p = _sigmoid(logit + c)
+        step = (clicks - float(p.sum())) / float((p * (1 - p)).sum())
+        c += step
+        if abs(step) < tol:
+            break
+    return c
+
+
+def fit_offsets(position: np.ndarray, relevance: np.ndarray, click: np.ndarray, request: np.ndarray,
+                max_iter: int = 60, tol: float = 1e-5, explore: bool = False,
+                **switches: bool) -> tuple[np.ndarray, float]:
+    """The tower's offsets and the intercept shift at their fixed point, given ``relevance``
+    (position-free logits of each row): each round accumulates every row once (one "epoch")
+    and takes :meth:`PositionBias.update`, whose reference step moves the intercept."""
+    tower = PositionBias(n_boot=0, **switches)
+    pos = torch.from_numpy(position.astype(np.int64))
+    rel = torch.from_numpy(relevance.astype(np.float64))
+    y = torch.from_numpy(click.astype(np.float64))
+    req = torch.from_numpy(np.unique(request, return_inverse=True)[1].astype(np.int64))
+    shift = 0.0
+    for _ in range(max_iter):
+        tower.accumulate(pos, rel + shift, y, request=req,
+                         explore=torch.ones_like(pos, dtype=torch.bool) if explore else None)
+        change, ref_step = tower.update()
+        shift += ref_step
+        if change < tol and abs(ref_step) < tol:
+            break
+    return np.asarray(tower.offsets(), dtype=np.float64), shift
+
+
+def world_row(seed: int, size: str = "small", **pins: Any) -> dict[str, Any]:
+    world = simulate_world(draw_world(seed, size=size, logging="random", **pins))
+    cols = world.columns
+    train, _, test = split_frame(world.frame, ColumnMap(**cols), **SPLIT)
+    pos_c, lab, req = cols["position"], cols["label"], cols["request"]
+    click = (train[lab].to_numpy() > 0).astype(np.float64)
+    ref_test = test["true_p_ref"].to_numpy()
+    rel_test = _logit(ref_test)
+
+    def pcoc(shift: float) -> float:
+        return float(_sigmoid(rel_test + shift).sum() / ref_test.sum())
+
+    row: dict[str, Any] = {"seed": seed, "describe": world.spec.describe(),
+                           "curve": world.spec.position_curve, "clicks": int(click.sum()),
+                           "floor": pcoc(level_shift(_logit(train["true_p"].to_numpy()), click.sum()))}
+    truth = np.asarray(world.offsets, dtype=np.float64)  # truth[j]: slot j (index 0 unused)
+    top = int(min(10, world.spec.max_len))
+    for name, switches in ESTIMATORS.items():
+        off, shift = fit_offsets(train[pos_c].to_numpy(), _logit(train["true_p_ref"].to_numpy()),
+                                 click, train[req].to_numpy(), **switches)
+        err = float(np.max(np.abs(off[1:top] - truth[2:top + 1]))) if top >= 2 else 0.0
+        row[name] = {"pcoc": pcoc(shift), "offset_err": err}
+    return row
+
+
+def aggregate(rows: list[dict[str, Any]]) -> str:
+    n = len(rows)
+    out = ["| estimator | PCOC@ref in [0.95, 1.05] | RMS log PCOC | offsets within 0.1 | within 0.2 |",
+           "|---|---|---|---|---|"]
+    floor = np.log([r["floor"] for r in rows])
+    out.append(f"| floor (true offsets, true relevance) | {int(np.sum(np.abs(np.exp(floor) - 1) <= 0.05))}/{n} "
+               f"| {math.sqrt(float(np.mean(floor ** 2))):.3f} | - | - |")
+    for name in ESTIMATORS:
+        lp = np.log([r[name]["pcoc"] for r in rows])
+        err = np.array([r[name]["offset_err"] for r in rows])
+        out.append(f"| {name} | {int(np.sum(np.abs(np.exp(lp) - 1) <= 0.05))}/{n} "
+                   f"| {math.sqrt(float(np.mean(lp ** 2))):.3f} | {int(np.sum(err <= 0.1))}/{n} "
+                   f"| {int(np.sum(err <= 0.2))}/{n} |")
+    return "\n".join(out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--worlds", type=int, default=10)
+    ap.add_argument("--seed0", type=int, default=1120)
+    ap.add_argument("--size", default="small")
+    ap.add_argument("--impressions", type=int, default=None, help="pin n_impressions")
+    ap.add_argument("--out", type=Path, default=None, help="write the rows as JSON")
+    a = ap.parse_args(argv)
+    pins = {} if a.impressions is None else {"n_impressions": a.impressions}
+    rows = []
+    print("| world | curve | train clicks | floor | " + " | ".join(f"{e} PCOC / offset err" for e in ESTIMATORS) + " |")
+    print("|---|---|---|---|" + "---|" * len(ESTIMATORS))
+    for seed in range(a.seed0, a.seed0 + a.worlds):
+        r = world_row(seed, a.size, **pins)
+        rows.append(r)
+        cells = " | ".join(f"{r[e]['pcoc']:.3f} / {r[e]['offset_err']:.3f}" for e in ESTIMATORS)
+        print(f"| {seed} | {r['curve']} | {r['clicks']:,} | {r['floor']:.3f} | {cells} |", flush=True)
+    print()
+    print(aggregate(rows))
+    if a.out is not None:
+        a.out.parent.mkdir(parents=True, exist_ok=True)
+        a.out.write_text(json.dumps(rows, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
