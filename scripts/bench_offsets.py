@@ -21,6 +21,11 @@ of log PCOC. Usage::
 
     python scripts/bench_offsets.py --worlds 10 --seed0 1120
     python scripts/bench_offsets.py --worlds 10 --seed0 1110 --impressions 400000
+    python scripts/bench_offsets.py --worlds 8 --seed0 2120 --impressions 400000 --explore-shares 0.05,0.1
+
+With ``--explore-shares`` the logs are sorted by a noisy relevance estimate with that share of
+marked exploration requests: the marked rows then show what the exploration traffic alone gives
+(the unmarked rows, handed the TRUE relevance, are not confounded as a model's would be).
 """
 
 from __future__ import annotations
@@ -41,16 +46,20 @@ from hybridrank.data.worlds import draw_world, simulate_world
 from hybridrank.models.position import PositionBias
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_generalization import SPLIT  # noqa: E402  (the split the CLI runs use)
+from bench_generalization import SPLIT, _pin  # noqa: E402  (the split the CLI runs use)
 
-#: name -> PositionBias switches
-ESTIMATORS: dict[str, dict[str, bool]] = {
-    "shipped": {},
-    "no_pool": {"pool": False},
-    "no_monotone": {"monotone": False},
-    "per_slot": {"pool": False, "monotone": False},
-    "shipped_marked": {"explore": True},
-    "no_pool_marked": {"pool": False, "explore": True},
+#: name -> (PositionBias switches, exploration marked?). Unmarked, the tower fits the offsets
+#: on every impression and the level on the reference slot's pooled click logit; marked, the
+#: offsets on the exploration requests (every request of a random-order log) and the level on
+#: every click given the offsets: the two modes a random-order log meets, by whether its
+#: exploration column is mapped
+ESTIMATORS: dict[str, tuple[dict[str, bool], bool]] = {
+    "shipped": ({}, False),
+    "no_pool": ({"pool": False}, False),
+    "no_monotone": ({"monotone": False}, False),
+    "per_slot": ({"pool": False, "monotone": False}, False),
+    "shipped_marked": ({}, True),
+    "no_pool_marked": ({"pool": False}, True),
 }
 
 
@@ -78,20 +87,22 @@ def level_shift(logit: np.ndarray, clicks: float, tol: float = 1e-12) -> float:
 
 
 def fit_offsets(position: np.ndarray, relevance: np.ndarray, click: np.ndarray, request: np.ndarray,
-                max_iter: int = 60, tol: float = 1e-5, explore: bool = False,
+                max_iter: int = 60, tol: float = 1e-5, explore: np.ndarray | None = None,
                 **switches: bool) -> tuple[np.ndarray, float]:
     """The tower's offsets and the intercept shift at their fixed point, given ``relevance``
     (position-free logits of each row): each round accumulates every row once (one "epoch")
-    and takes :meth:`PositionBias.update`, whose reference step moves the intercept."""
+    and takes :meth:`PositionBias.update`, whose reference step moves the intercept.
+    ``explore``: 0/1 per row, the requests marked as exploration (the offsets then come from
+    them alone, and the intercept from every click given the offsets)."""
     tower = PositionBias(n_boot=0, **switches)
     pos = torch.from_numpy(position.astype(np.int64))
     rel = torch.from_numpy(relevance.astype(np.float64))
     y = torch.from_numpy(click.astype(np.float64))
     req = torch.from_numpy(np.unique(request, return_inverse=True)[1].astype(np.int64))
+    mark = None if explore is None else torch.from_numpy(np.asarray(explore) > 0)
     shift = 0.0
     for _ in range(max_iter):
-        tower.accumulate(pos, rel + shift, y, request=req,
-                         explore=torch.ones_like(pos, dtype=torch.bool) if explore else None)
+        tower.accumulate(pos, rel + shift, y, request=req, explore=mark)
         change, ref_step = tower.update()
         shift += ref_step
         if change < tol and abs(ref_step) < tol:
@@ -100,7 +111,10 @@ def fit_offsets(position: np.ndarray, relevance: np.ndarray, click: np.ndarray, 
 
 
 def world_row(seed: int, size: str = "small", **pins: Any) -> dict[str, Any]:
-    world = simulate_world(draw_world(seed, size=size, logging="random", **pins))
+    """One world's row (``pins`` as :func:`~hybridrank.data.worlds.draw_world` takes them;
+    random-order logging unless they pin ``explore_share < 1``)."""
+    pins = {"logging": "random", **pins}
+    world = simulate_world(draw_world(seed, size=size, **pins))
     cols = world.columns
     train, _, test = split_frame(world.frame, ColumnMap(**cols), **SPLIT)
     pos_c, lab, req = cols["position"], cols["label"], cols["request"]
@@ -111,14 +125,19 @@ def world_row(seed: int, size: str = "small", **pins: Any) -> dict[str, Any]:
     def pcoc(shift: float) -> float:
         return float(_sigmoid(rel_test + shift).sum() / ref_test.sum())
 
+    mark_col = world.extra.get("explore")
+    explore = (train[mark_col].to_numpy() if mark_col is not None
+               else np.full(train.height, int(world.spec.explore_share == 1.0)))
     row: dict[str, Any] = {"seed": seed, "describe": world.spec.describe(),
+                           "explore_share": world.spec.explore_share,
                            "curve": world.spec.position_curve, "clicks": int(click.sum()),
                            "floor": pcoc(level_shift(_logit(train["true_p"].to_numpy()), click.sum()))}
     truth = np.asarray(world.offsets, dtype=np.float64)  # truth[j]: slot j (index 0 unused)
     top = int(min(10, world.spec.max_len))
-    for name, switches in ESTIMATORS.items():
+    for name, (switches, marked) in ESTIMATORS.items():
         off, shift = fit_offsets(train[pos_c].to_numpy(), _logit(train["true_p_ref"].to_numpy()),
-                                 click, train[req].to_numpy(), **switches)
+                                 click, train[req].to_numpy(), explore=explore if marked else None,
+                                 **switches)
         err = float(np.max(np.abs(off[1:top] - truth[2:top + 1]))) if top >= 2 else 0.0
         row[name] = {"pcoc": pcoc(shift), "offset_err": err}
     return row
@@ -146,17 +165,28 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed0", type=int, default=1120)
     ap.add_argument("--size", default="small")
     ap.add_argument("--impressions", type=int, default=None, help="pin n_impressions")
+    ap.add_argument("--explore-shares", default=None,
+                    help="e.g. 0.05,0.1: relevance-sorted logs with this share of marked "
+                         "exploration requests, in turn (default: random-order logs)")
+    ap.add_argument("--pin", nargs="*", default=[], metavar="FIELD=VALUE",
+                    help="pin world fields (as bench_generalization.py: drift=none, ...)")
     ap.add_argument("--out", type=Path, default=None, help="write the rows as JSON")
     a = ap.parse_args(argv)
-    pins = {} if a.impressions is None else {"n_impressions": a.impressions}
+    pins: dict[str, Any] = {} if a.impressions is None else {"n_impressions": a.impressions}
+    pins.update(dict(_pin(p) for p in a.pin))
+    shares = [float(x) for x in a.explore_shares.split(",")] if a.explore_shares else None
     rows = []
-    print("| world | curve | train clicks | floor | " + " | ".join(f"{e} PCOC / offset err" for e in ESTIMATORS) + " |")
-    print("|---|---|---|---|" + "---|" * len(ESTIMATORS))
-    for seed in range(a.seed0, a.seed0 + a.worlds):
-        r = world_row(seed, a.size, **pins)
+    print("| world | curve | exploration | train clicks | floor | "
+          + " | ".join(f"{e} PCOC / offset err" for e in ESTIMATORS) + " |")
+    print("|---|---|---|---|---|" + "---|" * len(ESTIMATORS))
+    for i, seed in enumerate(range(a.seed0, a.seed0 + a.worlds)):
+        extra = {} if shares is None else {"logging": "sorted", "explore_share": shares[i % len(shares)],
+                                           "mark_explore": True}
+        r = world_row(seed, a.size, **pins, **extra)
         rows.append(r)
         cells = " | ".join(f"{r[e]['pcoc']:.3f} / {r[e]['offset_err']:.3f}" for e in ESTIMATORS)
-        print(f"| {seed} | {r['curve']} | {r['clicks']:,} | {r['floor']:.3f} | {cells} |", flush=True)
+        print(f"| {seed} | {r['curve']} | {r['explore_share']:.0%} | {r['clicks']:,} | {r['floor']:.3f} "
+              f"| {cells} |", flush=True)
     print()
     print(aggregate(rows))
     if a.out is not None:
