@@ -228,12 +228,6 @@ class PositionBias(nn.Module):
             noise exceeds the slots' spread around that curve (:meth:`_pool`; empirical Bayes).
             Slots with few clicks, and the reference slot's level, borrow strength from the
             others. ``False``: every slot from its own clicks (the per-slot maximum likelihood).
-        combine: with exploration traffic or propensities (and ``n_boot >= 2``), shrink their
-            offsets toward the offsets every impression gives, by the weight :meth:`_combine`
-            computes from how far apart the two are against the exploration offsets' bootstrap
-            variance (reported as ``all_traffic_weight``). Helps where the features explain the
-            logging order, hurts where they do not (measured; off by default). ``False``: the
-            identifying traffic's offsets alone.
         refit: after fitting, one more exact update from the kept checkpoint's own logits over
             the whole training split (``hybridrank.cli.train.refit_position_bias``; bootstrap
             replicates and diagnosis included). The per-epoch updates use logits gathered while
@@ -251,8 +245,7 @@ class PositionBias(nn.Module):
 
     def __init__(self, max_position: int = 50, reference_position: int = 1, tail: str = "share",
                  n_boot: int = 100, alpha: float = 0.05, seed: int = 0, max_ipw: float = 100.0,
-                 monotone: bool = True, pool: bool = True, refit: bool = True,
-                 combine: bool = False):
+                 monotone: bool = True, pool: bool = True, refit: bool = True):
         super().__init__()
         if int(max_position) < 1 or not 1 <= int(reference_position) <= int(max_position):
             raise ValueError(f"reference_position={reference_position} must lie in "
@@ -269,7 +262,6 @@ class PositionBias(nn.Module):
         self.monotone = bool(monotone)
         self.pool = bool(pool)
         self.refit = bool(refit)
-        self.combine = bool(combine)
         s, k = self.max_position, self.n_boot
         f64 = torch.float64
         self.register_buffer("offset", torch.zeros(s))                   # b_j (float32 for serving)
@@ -294,8 +286,6 @@ class PositionBias(nn.Module):
         self.register_buffer("tail_count", torch.zeros(2, dtype=f64))     # tail impressions: epoch, last update
         self.register_buffer("updates", torch.zeros((), dtype=torch.long))
         self.register_buffer("last_change", torch.full((), math.nan, dtype=f64))
-        # with combine: the weight the last update gave the all-traffic offsets (NaN: not combined)
-        self.register_buffer("kappa", torch.full((), math.nan, dtype=f64))
 
     # --- slots ----------------------------------------------------------------------------------
     def slot_index(self, position: torch.Tensor) -> torch.Tensor:
@@ -410,23 +400,12 @@ class PositionBias(nn.Module):
         level = self._pool(old + step, info, est)
         raw = level - level[ref]
         new = self._fill_unseen(self._shape(raw, info, est), est)
-        combine = identifying and self.combine and self.n_boot >= 2
-        kappa = math.nan
         if self.n_boot:
             bstep = slot_logit_step(*fit_boot)                                 # [K, S]
             binfo = _information(fit_boot)
             reps = [self._pool(old + b, i, est) for b, i in zip(bstep, binfo)]
-            boot_new = [self._fill_unseen(self._shape(r - r[ref], info, est), est) for r in reps]
-            if combine:
-                # the offsets every impression gives (precise, biased by whatever relevance the
-                # model misses where the logging sorts), weighed against the exploration ones by
-                # the exploration offsets' bootstrap variance (:meth:`_combine`)
-                var = torch.stack(boot_new).var(dim=0)
-                seen_all = seen > 0
-                new, kappa = self._combine(new, self._offsets_from(sums, old, seen_all), var)
-                boot_all = [self._offsets_from(b, old, seen_all) for b in boot.unbind(1)]
-                boot_new = [self._combine(u, o, var)[0] for u, o in zip(boot_new, boot_all)]
-            self.boot_offset.copy_(torch.stack(boot_new))
+            self.boot_offset.copy_(torch.stack([
+                self._fill_unseen(self._shape(r - r[ref], info, est), est) for r in reps]))
             bounds = self._percentiles(self.boot_offset)
             if self.pool:
                 # pooled replicates are only as right as the curve: when the slots' spread around
@@ -466,39 +445,7 @@ class PositionBias(nn.Module):
         self.boot_sums.zero_()
         self.updates += 1
         self.last_change.fill_(change)
-        self.kappa.fill_(kappa)
         return change, ref_step
-
-    def _offsets_from(self, sums: torch.Tensor, old: torch.Tensor, est: torch.Tensor) -> torch.Tensor:
-        """Offsets (pooled, shaped, unseen slots filled) from one set of sums ``[3, S]``."""
-        ref = self.reference_position - 1
-        info = _information(sums)
-        level = self._pool(old + slot_logit_step(*sums), info, est)
-        return self._fill_unseen(self._shape(level - level[ref], info, est), est)
-
-    def _combine(self, explore: torch.Tensor, everything: torch.Tensor, var: torch.Tensor
-                 ) -> tuple[torch.Tensor, float]:
-        """The exploration offsets shrunk toward the all-traffic ones, ``explore + κ (everything
-        - explore)``, with ``κ = min(1, Σ var_j / Σ (explore_j - everything_j)²)`` over slots 2 to
-        ``PRECISION_SLOTS`` (``var``: the exploration offsets' bootstrap variance per slot).
-
-        The exploration offsets are identified and noisy; the all-traffic ones precise and biased
-        where the logging sorts by what the model does not know. The weight is the
-        Green-Strawderman (1991) shrinker for combining an unbiased estimator with a biased one
-        (Rosenman, Basse, Owen and Baiocchi 2023, "Combining observational and experimental
-        datasets using shrinkage estimators"): a gap between the two that the exploration noise
-        explains moves the estimate to the precise one, a gap far beyond it leaves the exploration
-        estimate nearly alone. Its guarantee (never worse in total squared error) needs an
-        unbiased exploration estimate with a known variance; pooled and monotone, ours is neither
-        quite, and on strongly confounded logs the mix was measured worse (docs/BENCHMARKS.md,
-        "Combining exploration with all traffic"). Both sequences non-increasing: so is the mix."""
-        ref = self.reference_position - 1
-        top = min(PRECISION_SLOTS, self.max_position)
-        idx = torch.arange(self.max_position, device=var.device)
-        sel = (idx != ref) & (idx < top)
-        gap = float(((explore - everything)[sel] ** 2).sum())
-        kappa = 1.0 if gap <= 0 else min(1.0, float(var[sel].sum()) / gap)
-        return explore + kappa * (everything - explore), kappa
 
     def _percentiles(self, reps: torch.Tensor) -> torch.Tensor:
         """``[2, S]`` percentile interval of replicate offsets ``[K, S]`` at level ``1 - alpha``."""
@@ -508,7 +455,6 @@ class PositionBias(nn.Module):
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
         # checkpoints written before the interval buffer existed load with it unset (NaN)
         state_dict.setdefault(prefix + "bounds", torch.full_like(self.bounds, math.nan))
-        state_dict.setdefault(prefix + "kappa", torch.full_like(self.kappa, math.nan))
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     def _pool(self, level: torch.Tensor, info: torch.Tensor, est: torch.Tensor) -> torch.Tensor:
@@ -667,9 +613,6 @@ class PositionBias(nn.Module):
             # the traffic the offsets were fitted on (all, exploration, or propensity-weighted)
             "fit_impressions": self.last_fit[2].tolist(), "fit_clicks": self.last_fit[0].tolist(),
             "tail_impressions": float(self.tail_count[1]),
-            # combine: the weight of the all-traffic offsets against the exploration ones
-            "combine": self.combine,
-            "all_traffic_weight": None if math.isnan(float(self.kappa)) else float(self.kappa),
             "updates": int(self.updates),
             "last_change": None if math.isnan(float(self.last_change)) else float(self.last_change),
             "identifiability": ident,
