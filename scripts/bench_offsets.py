@@ -46,7 +46,7 @@ from hybridrank.data.worlds import draw_world, simulate_world
 from hybridrank.models.position import PositionBias
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_generalization import SPLIT, _pin  # noqa: E402  (the split the CLI runs use)
+from bench_generalization import SPLIT, _pin, level_shift  # noqa: E402  (the CLI runs' split)
 
 #: name -> (PositionBias switches, exploration marked?). Unmarked, the tower fits the offsets
 #: on every impression and the level on the reference slot's pooled click logit; marked, the
@@ -70,20 +70,6 @@ def _logit(p: np.ndarray) -> np.ndarray:
 
 def _sigmoid(z: np.ndarray) -> np.ndarray:
     return 1.0 / (1.0 + np.exp(-z))
-
-
-def level_shift(logit: np.ndarray, clicks: float, tol: float = 1e-12) -> float:
-    """The shift ``c`` with ``sum sigmoid(logit + c) = clicks`` (Newton; the sum rises with c)."""
-    if not 0 < clicks < logit.size:
-        raise ValueError(f"need 0 < clicks < rows, got {clicks} clicks on {logit.size} rows")
-    c = math.log(clicks / float(_sigmoid(logit).sum()))
-    for _ in range(100):
-        p = _sigmoid(logit + c)
-        step = (clicks - float(p.sum())) / float((p * (1 - p)).sum())
-        c += step
-        if abs(step) < tol:
-            break
-    return c
 
 
 def fit_offsets(position: np.ndarray, relevance: np.ndarray, click: np.ndarray, request: np.ndarray,

@@ -203,4 +203,13 @@ def test_offsets_bench_recovers_known_offsets_and_its_floor_solves_the_click_equ
 
     row = BO.world_row(4000, size="tiny")
     assert 0.8 < row["floor"] < 1.25 and row["clicks"] > 0
+    # bench_generalization's floor (drift removed, then the same level fit) agrees without drift
+    import bench_generalization as BG
+    from hybridrank.data.readers import ColumnMap
+    from hybridrank.data.sources import split_frame
+    from hybridrank.data.worlds import draw_world, simulate_world
+
+    world = simulate_world(draw_world(4000, size="tiny", logging="random", drift="none"))
+    train, _, test = split_frame(world.frame, ColumnMap(**world.columns), **BG.SPLIT)
+    assert BG.floor(world, train, test) == pytest.approx(BO.world_row(4000, size="tiny", drift="none")["floor"])
     assert set(BO.ESTIMATORS) <= set(row) and all(r["offset_err"] >= 0 for k, r in row.items() if k in BO.ESTIMATORS)
