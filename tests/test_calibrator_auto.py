@@ -212,3 +212,54 @@ def test_a_miscalibration_that_moves_with_time_is_not_carried_forward():
     assert timed.chosen.name == "none"
     assert timed.decision["stability"]["stable"] is False
     assert "MOVING" in timed.describe()
+
+
+def test_level_trend_is_the_weighted_slope_of_the_gap_and_flags_a_drifting_level():
+    """``level_stability``'s trend: the inverse-variance weighted slope of the per-block gap on
+    the block's order (numpy's weighted least squares as the reference, on the gaps and variances
+    the function reports), with ``1 / sqrt(Σ w (t - t̄)²)`` as its standard error. A click level
+    rising 0.1 logit per block is flagged TRENDING; a level that rises and falls back (MOVING
+    for Cochran's Q) is not, and a constant one neither."""
+    from hybridrank.serving.calibration import level_stability
+
+    rng = np.random.default_rng(3)
+    n_blocks, per = 6, 20_000
+    block = torch.arange(n_blocks * per) // per
+    z = torch.full((n_blocks * per,), -3.0, dtype=torch.float64)
+    for drift, trending in (([0.1 * k for k in range(n_blocks)], True),
+                            ([0.0, 0.2, 0.3, 0.3, 0.2, 0.0], False),
+                            ([0.0] * n_blocks, False)):
+        true = z + torch.tensor(drift, dtype=torch.float64)[block]
+        y = torch.from_numpy((rng.random(len(z)) < torch.sigmoid(true).numpy()).astype(np.float64))
+        st = level_stability(z, y, torch.ones_like(z), block, n_blocks)
+        g = np.array(st["gaps"])
+        p = torch.sigmoid(z).numpy()
+        yk = np.array([float(y[block == k].sum()) for k in range(n_blocks)])
+        var = 1 / (yk + 0.5) + 1 / (per - yk + 0.5)
+        slope = np.polyfit(np.arange(n_blocks), g, 1, w=1 / np.sqrt(var))[0]
+        assert st["trend"] == pytest.approx(slope, abs=1e-3)   # gaps are rounded to 1e-4
+        t = np.arange(n_blocks) - np.sum(np.arange(n_blocks) / var) / np.sum(1 / var)
+        assert st["trend_se"] == pytest.approx(1 / math.sqrt(np.sum(t * t / var)))
+        assert st["trending"] is trending, st
+        assert float(p[0]) == pytest.approx(float(torch.sigmoid(torch.tensor(-3.0))))
+        if drift[2] == 0.3:
+            assert st["stable"] is False     # Q sees the hump; the trend test does not
+    assert abs(level_stability(z, y, torch.ones_like(z), block, n_blocks)["trend"]) < 0.03
+
+
+def test_auto_says_when_the_level_trends_over_the_calibration_split():
+    """Requests in time order whose click level rises 0.6 logit over the split: ``auto`` keeps
+    the stability evidence with its trend in the decision and says TRENDING on its console line;
+    the same requests without the drift do not."""
+    z, y, g = _requests(20_000, 5, seed=9)
+    t = g.double()                                         # request order = time order
+    drift = 0.6 * t / float(t.max())
+    y_drift = (torch.rand(len(z), generator=torch.Generator().manual_seed(10))
+               < torch.sigmoid(z + drift)).double()
+    moving = AutoCalibrator().fit(z, y_drift, groups=g, order=t)
+    st = moving.decision["stability"]
+    assert st["trending"] is True and st["trend"] > 0, st
+    assert "level TRENDING" in moving.describe()
+    steady = AutoCalibrator().fit(z, y, groups=g, order=t)
+    assert steady.decision["stability"]["trending"] is False
+    assert "TRENDING" not in steady.describe()

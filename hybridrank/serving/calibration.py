@@ -733,6 +733,12 @@ class AutoCalibrator(Calibrator):
         if st and st.get("stable") is not None:
             line += (f"; level over time: {'stable' if st['stable'] else 'MOVING'} "
                      f"(p = {st['p_value']:.3g})")
+            if st.get("trending"):
+                line += (f"; level TRENDING: the click level moved {st['trend']:+.3f} ± "
+                         f"{st['trend_se']:.3f} logit per time block of the calibration split "
+                         f"(p = {st['trend_p']:.3g}); a model that cannot see time learns the "
+                         f"average level, so pCTR scored after this log may be off by about that "
+                         f"much per block of time")
         res = d.get("resemblance")
         if res:
             line += f"; calibration split vs scored data: {res['verdict']}"
@@ -769,7 +775,11 @@ def level_stability(logits: Tensor, clicks: Tensor, weights: Tensor, block: Tens
     predicted clicks, half a pseudo-count each) with variance ``1/Y_k + 1/(N_k - Y_k)``;
     ``Q = Σ (g_k - ḡ)² / var_k`` (``ḡ`` the inverse-variance mean) is ``χ²(K - 1)`` when the gap
     is constant. A small p-value says the gap moves with time: a map fitted on this split would
-    carry one period's gap into another.
+    carry one period's gap into another. With three blocks or more, its one-degree-of-freedom
+    part along time is reported too: ``trend`` (the inverse-variance weighted slope of the gap on
+    the block's order, logit per block), ``trend_se``, ``trend_p`` (``χ²(1)``) and ``trending``
+    (``trend_p < alpha``). It is reported, it decides nothing: a level that drifts one way is
+    what a time-blind model's pCTR misses after the log ends.
 
     >>> z = torch.zeros(4000); y = (torch.arange(4000) % 10 == 0).double()
     >>> level_stability(z - 2.2, y, torch.ones(4000), torch.arange(4000) // 1000, 4)["stable"]
@@ -793,8 +803,21 @@ def level_stability(logits: Tensor, clicks: Tensor, weights: Tensor, block: Tens
     mean = float((g / v).sum() / (1 / v).sum())
     q = float(((g - mean) ** 2 / v).sum())
     pval = float(chi2.sf(q, len(g) - 1))
-    return {"stable": pval >= alpha, "q": q, "p_value": pval, "gaps": [round(x, 4) for x in gaps],
-            "blocks": len(gaps)}
+    out = {"stable": pval >= alpha, "q": q, "p_value": pval, "gaps": [round(x, 4) for x in gaps],
+           "blocks": len(gaps)}
+    if len(g) >= 3:
+        # the one-degree-of-freedom part of Q along time: the inverse-variance weighted slope of
+        # the gap on the block's order. Q spreads its power over K - 1 directions; a level that
+        # drifts one way (a trend a time-blind model cannot follow) concentrates in this one
+        t = np.arange(len(g), dtype=np.float64)
+        w = 1.0 / v
+        tc = t - float((w * t).sum() / w.sum())
+        sxx = float((w * tc * tc).sum())
+        slope = float((w * tc * (g - mean)).sum() / sxx)
+        se = 1.0 / math.sqrt(sxx)
+        out.update(trend=slope, trend_se=se, trend_p=float(chi2.sf((slope / se) ** 2, 1)),
+                   trending=bool(chi2.sf((slope / se) ** 2, 1) < alpha))
+    return out
 
 
 def _group_min(values: Tensor, gid: Tensor, n_groups: int) -> Tensor:
