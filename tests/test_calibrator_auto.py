@@ -263,3 +263,18 @@ def test_auto_says_when_the_level_trends_over_the_calibration_split():
     steady = AutoCalibrator().fit(z, y, groups=g, order=t)
     assert steady.decision["stability"]["trending"] is False
     assert "TRENDING" not in steady.describe()
+
+
+def test_level_trend_measures_time_by_the_blocks_that_hold_data():
+    """An empty time block is skipped by the gaps, not by the clock: a level rising 0.1 logit per
+    block, with block 3 of 7 empty, still reads about 0.1 per block."""
+    from hybridrank.serving.calibration import level_stability
+
+    rng = np.random.default_rng(5)
+    per = 40_000
+    block = torch.tensor([0, 1, 2, 4, 5, 6]).repeat_interleave(per)
+    z = torch.full((len(block),), -3.0, dtype=torch.float64)
+    y = torch.from_numpy((rng.random(len(z)) < torch.sigmoid(z + 0.1 * block).numpy()).astype(np.float64))
+    st = level_stability(z, y, torch.ones_like(z), block, 7)
+    assert st["blocks"] == 6
+    assert st["trend"] == pytest.approx(0.1, abs=0.02), st   # by position 0..5 it would read ~0.12

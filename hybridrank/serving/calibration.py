@@ -788,12 +788,13 @@ def level_stability(logits: Tensor, clicks: Tensor, weights: Tensor, block: Tens
     from scipy.stats import chi2
 
     p = torch.sigmoid(logits.double())
-    gaps, var = [], []
+    gaps, var, seen = [], [], []
     for k in range(n_blocks):
         m = block == k
         n_k = float(weights[m].sum())
         if n_k == 0:
             continue
+        seen.append(k)
         y_k, p_k = float((weights * clicks)[m].sum()), float((weights * p)[m].sum())
         gaps.append(math.log((y_k + 0.5) / (n_k - y_k + 0.5)) - math.log((p_k + 0.5) / (n_k - p_k + 0.5)))
         var.append(1.0 / (y_k + 0.5) + 1.0 / (n_k - y_k + 0.5))
@@ -809,14 +810,14 @@ def level_stability(logits: Tensor, clicks: Tensor, weights: Tensor, block: Tens
         # the one-degree-of-freedom part of Q along time: the inverse-variance weighted slope of
         # the gap on the block's order. Q spreads its power over K - 1 directions; a level that
         # drifts one way (a trend a time-blind model cannot follow) concentrates in this one
-        t = np.arange(len(g), dtype=np.float64)
+        t = np.array(seen, dtype=np.float64)    # the blocks' own order (an empty one is skipped)
         w = 1.0 / v
         tc = t - float((w * t).sum() / w.sum())
         sxx = float((w * tc * tc).sum())
         slope = float((w * tc * (g - mean)).sum() / sxx)
         se = 1.0 / math.sqrt(sxx)
-        out.update(trend=slope, trend_se=se, trend_p=float(chi2.sf((slope / se) ** 2, 1)),
-                   trending=bool(chi2.sf((slope / se) ** 2, 1) < alpha))
+        p_trend = float(chi2.sf((slope / se) ** 2, 1))
+        out.update(trend=slope, trend_se=se, trend_p=p_trend, trending=p_trend < alpha)
     return out
 
 
