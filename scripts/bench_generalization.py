@@ -359,7 +359,19 @@ def evaluate_run(w: dict[str, Any], name: str, run: dict, scratch: Path) -> dict
     cal = meta.get("calibrator") or {}
     row["auto"] = (cal.get("chosen") or {}).get("name", cal.get("name"))
     row["welfare"] = _welfare(a, ref_auto, p_ref, world, "request_id", "bid_log")
+    row.update(_unseen_rows(w, a["item_id"], ref_auto, p_ref))
     return row
+
+
+def _unseen_rows(w: dict[str, Any], items: pl.Series, pctr: np.ndarray, p_ref: np.ndarray) -> dict[str, Any]:
+    """``new_share``: the share of test impressions whose item id no training row holds;
+    ``pcoc_new`` / ``pcoc_seen``: PCOC at the reference slot on those and on the others."""
+    seen = w["train"][w["world"].columns["item"]].cast(pl.String).unique().to_numpy()
+    new = ~np.isin(items.cast(pl.String).to_numpy(), seen)
+    out: dict[str, Any] = {"new_share": float(new.mean())}
+    for name, m in (("pcoc_new", new), ("pcoc_seen", ~new)):
+        out[name] = float(pctr[m].sum() / p_ref[m].sum()) if m.any() else None
+    return out
 
 
 def reference_row(w: dict[str, Any]) -> dict[str, Any]:
@@ -377,6 +389,7 @@ def reference_row(w: dict[str, Any]) -> dict[str, Any]:
             "excess": float(np.mean(_xent(logged, p_true))) - bayes,
             "ndcg_gap": _ndcg10(p_ref, p_ref, offsets) - _ndcg10(ref, p_ref, offsets),
             "pcoc_ref": float(ref.sum() / p_ref.sum()), "epochs": getattr(predict, "epochs", None),
+            **_unseen_rows(w, test[w["world"].columns["item"]], ref, p_ref),
             "welfare": _welfare(test, ref, p_ref, world, cols["request"], cols["bid"]),
             "seconds": round(time.perf_counter() - t0, 1)}
 
@@ -385,7 +398,8 @@ def reference_row(w: dict[str, Any]) -> dict[str, Any]:
 # reporting
 # ----------------------------------------------------------------------------------------------
 COLS = ("excess", "ndcg_gap", "pcoc_ref", "pcoc_ref_none", "pcoc_drift", "pcoc_floor", "offset_err",
-        "offsets_covered", "identified", "precise", "auto", "d_ll", "welfare", "epochs", "stop")
+        "offsets_covered", "identified", "precise", "auto", "d_ll", "welfare", "new_share", "pcoc_new",
+        "pcoc_seen", "epochs", "stop")
 
 
 def _fmt(v: Any) -> str:

@@ -137,6 +137,34 @@ def test_generalization_bench_on_a_small_random_world(script, tmp_path):
     assert 0.8 < row["pcoc_ref"] < 1.25, row
     assert row["excess"] > 0 and 0 < row["welfare"] <= 1.0 + 1e-9, row
     assert "| 4000 | tower |" in p.stdout  # the per-world table is printed
+    # the seen / unseen items split the test rows: the whole PCOC lies between the two parts'
+    assert 0 <= row["new_share"] <= 1
+    if row["pcoc_new"] is not None:
+        lo, hi = sorted((row["pcoc_new"], row["pcoc_seen"]))
+        assert lo - 1e-9 <= row["pcoc_ref"] <= hi + 1e-9, row
+
+
+def test_generalization_bench_splits_pcoc_by_items_unseen_in_training(monkeypatch):
+    """``_unseen_rows`` against a hand count: item ids absent from training (compared as strings,
+    whatever their dtype) form ``new_share``; PCOC on those and on the rest."""
+    import types
+
+    import numpy as np
+    import polars as pl
+
+    monkeypatch.syspath_prepend(str(SCRIPTS))
+    import bench_generalization as BG
+
+    w = {"world": types.SimpleNamespace(columns={"item": "ad"}),
+         "train": pl.DataFrame({"ad": [1, 2, 2, 5]})}
+    items = pl.Series(["1", "3", "5", "7", "2"])
+    pctr = np.array([0.1, 0.2, 0.3, 0.4, 0.5])
+    p_ref = np.array([0.1, 0.1, 0.3, 0.2, 0.25])
+    out = BG._unseen_rows(w, items, pctr, p_ref)
+    assert out["new_share"] == pytest.approx(2 / 5)
+    assert out["pcoc_new"] == pytest.approx((0.2 + 0.4) / (0.1 + 0.2))
+    assert out["pcoc_seen"] == pytest.approx((0.1 + 0.3 + 0.5) / (0.1 + 0.3 + 0.25))
+    assert BG._unseen_rows(w, pl.Series(["1", "2"]), pctr[:2], p_ref[:2])["pcoc_new"] is None
 
 
 def test_loss_mix_bench_measures_the_one_over_ctr_pull(monkeypatch):
@@ -205,6 +233,7 @@ def test_offsets_bench_recovers_known_offsets_and_its_floor_solves_the_click_equ
     assert 0.8 < row["floor"] < 1.25 and row["clicks"] > 0
     # bench_generalization's floor (drift removed, then the same level fit) agrees without drift
     import bench_generalization as BG
+
     from hybridrank.data.readers import ColumnMap
     from hybridrank.data.sources import split_frame
     from hybridrank.data.worlds import draw_world, simulate_world

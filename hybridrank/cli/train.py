@@ -127,6 +127,7 @@ def train(cfg: DictConfig, *, splits=None) -> dict[str, Any]:
         "output_dir": str(out_dir),
         "training": training_summary(trainer, best),  # the fit's, before any other trainer call
         "fit_seconds": fit_seconds,
+        "unseen_dropout": model.unseen_report or {},
     }
     refit_position_bias(trainer, model, datamodule, best)
     if cfg.get("test_after_fit", True):
@@ -512,6 +513,10 @@ def _hydra_main(cfg: DictConfig) -> float | None:
           f"{tr.get('epochs')}; stopped: {tr.get('stopped_because')})")
     if result.get("position_bias"):
         print(format_offsets(result["position_bias"]))
+    dropped = {c: i for c, i in (result.get("unseen_dropout") or {}).items() if i.get("dropped")}
+    if dropped:
+        print("unseen-value dropout (code 0 trained for values serving meets first): " + ", ".join(
+            f"{c} {100 * i['dropped']:.1f} %" for c, i in dropped.items()))
     print(f"wall time: {result['seconds']:.1f} s")
     # multirun sweepers (e.g. Optuna) minimise / maximise this value: cfg.optimized_metric
     return result.get("optimized_metric")

@@ -7,6 +7,7 @@ import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import numpy as np
 import pytorch_lightning as pl
 from torch.utils.data import DataLoader
 
@@ -116,6 +117,7 @@ class ListDataModule(pl.LightningDataModule):
         self.eval_budget, self.shuffle, self.seed = int(eval_budget), shuffle, int(seed)
         self.num_workers = num_workers
         self._model_data: dict[str, Any] | None = None
+        self._value_counts: dict[str, np.ndarray] | None = None
         if splits is not None:  # fail now, not in the middle of the first epoch
             self.model_data()
 
@@ -158,6 +160,28 @@ class ListDataModule(pl.LightningDataModule):
                 "fingerprint": self.source.fingerprint(),
             }
         return self._model_data
+
+    def value_counts(self) -> dict[str, np.ndarray]:
+        """Occurrences of each code of each vocabulary categorical in the training requests:
+        ``{column: [V + 1] int64}``, the number of requests whose rows hold the code (a value
+        repeated within a request counts once: a user column repeats on every row of its request,
+        an item column rarely does). Code 0 is missing or out of vocabulary; hashed columns are
+        left out. What the model's unseen-value dropout is set from
+        (:mod:`hybridrank.models.unseen`). Cached; free for a one-chunk source, one more read of
+        the training rows for a streamed one."""
+        if self._value_counts is None:
+            schema = self.schema
+            cols = [(j, c, v) for j, (c, v) in enumerate(zip(schema.categorical, schema.vocab_sizes,
+                                                              strict=True)) if c in schema.vocab]
+            counts = {c: np.zeros(v + 1, dtype=np.int64) for _, c, v in cols}
+            for part in (self.eval_chunks("train") if cols else ()):
+                request = part.request_of_row().numpy()
+                cat = part.cat.numpy()
+                for j, c, v in cols:
+                    pairs = np.unique(request * (v + 1) + cat[:, j])  # (request, code), each once
+                    counts[c] += np.bincount(pairs % (v + 1), minlength=v + 1)
+            self._value_counts = counts
+        return self._value_counts
 
     def eval_chunks(self, split: str, max_rows: int | None = None) -> Iterator[ListData]:
         """The requests of a split (``train``, ``val``, ``test``) as ``ListData`` pieces of whole

@@ -2,6 +2,7 @@
 
 - ``scorers.py`` (+ ``attention.py``): MLP, linear, FM, DeepFM, DCN-v2, list-aware scorers.
 - ``position.py``: :class:`PositionBias`, a logit offset per display slot.
+- ``unseen.py``: unseen-value dropout, which trains the out-of-vocabulary row (pure functions).
 - ``ranker.py``: :class:`HybridRanker` (one shared step, the one scoring path ``serve``).
 """
 

@@ -17,6 +17,7 @@ benchmarks all call these; the click logit of raw outputs is :meth:`HybridLoss.c
 from __future__ import annotations
 
 import copy
+import logging
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -30,8 +31,11 @@ from hybridrank.lists import Batch, ListData, gather_lists, pad_index
 from hybridrank.losses import HybridLoss
 from hybridrank.metrics.list_metrics import ListMetrics
 from hybridrank.models.scorers import column_tables, embedding_penalty, shift_click_logit
+from hybridrank.models.unseen import UNSEEN_DROPOUT, drop_unseen, probability_tables
 
 __all__ = ["HybridRanker", "serve", "evaluate_logits", "evaluate_chunks"]
+
+log = logging.getLogger(__name__)
 
 #: Keys of the ``data`` hyper-parameter (what a model was trained on).
 DATA_KEYS = ("schema", "base_rate", "neg_keep_rate", "reweight_negatives", "fingerprint")
@@ -119,6 +123,11 @@ class HybridRanker(pl.LightningModule):
         embedding_l2: weight of the L2 penalty on the embedding rows each batch uses
             (:func:`~hybridrank.models.scorers.embedding_penalty`, per impression, added to the
             training loss); 0 turns it off. Presets per scorer in ``conf/model``.
+        unseen_dropout: ``good_turing`` (default): in training batches, replace vocabulary codes
+            by 0 (out of vocabulary) at the Good-Turing rate of unseen values, rare values most
+            (:mod:`hybridrank.models.unseen`), so code 0's embedding row is trained for the values
+            serving will meet for the first time; the counts come from the datamodule's
+            ``value_counts()`` (or :meth:`set_value_counts`). ``off``: codes as they are.
 
     Built from configs (as ``hybridrank-train`` does), a checkpoint is self-contained:
     ``HybridRanker.load_from_checkpoint(path)``. Parts given as Python objects are not stored;
@@ -129,13 +138,17 @@ class HybridRanker(pl.LightningModule):
                  metrics: Any = None, position_bias: Any = None,
                  data: Mapping[str, Any] | None = None,
                  config: Mapping[str, Any] | None = None, monitor: str = "val/logloss",
-                 embedding_l2: float = 0.0):
+                 embedding_l2: float = 0.0, unseen_dropout: str = "good_turing"):
         super().__init__()
         args = {"scorer": _plain(scorer), "loss": _plain(loss), "optimizer": _plain(optimizer),
                 "scheduler": _plain(scheduler), "metrics": _plain(metrics),
                 "position_bias": _plain(position_bias),
                 "data": _plain(dict(data)) if data is not None else None,
-                "config": _plain(config), "monitor": monitor, "embedding_l2": float(embedding_l2)}
+                "config": _plain(config), "monitor": monitor, "embedding_l2": float(embedding_l2),
+                "unseen_dropout": str(unseen_dropout)}
+        if args["unseen_dropout"] not in UNSEEN_DROPOUT:
+            raise ValueError(f"unseen_dropout must be one of {list(UNSEEN_DROPOUT)}, got "
+                             f"{unseen_dropout!r}")
         unknown = sorted(set(args["data"] or {}) - set(DATA_KEYS))
         if unknown:
             raise ValueError(f"HybridRanker data: unknown keys {unknown}; known {list(DATA_KEYS)}")
@@ -172,6 +185,11 @@ class HybridRanker(pl.LightningModule):
             raise ValueError(f"embedding_l2 needs the scorer's per-column embedding tables (an "
                              f"nn.ModuleList of nn.Embedding, one per categorical column); "
                              f"{type(self.scorer).__name__} has none")
+        self.unseen_dropout = args["unseen_dropout"]
+        # per categorical column its drop probabilities (None: nothing dropped), set from the
+        # training counts before the fit (setup / set_value_counts); not saved in checkpoints
+        self._unseen_tables: list[torch.Tensor | None] | None = None
+        self.unseen_report: dict[str, dict[str, float]] | None = None
         self.val_metrics = self.new_metrics()
         self.test_metrics = self.new_metrics()
 
@@ -323,6 +341,61 @@ class HybridRanker(pl.LightningModule):
         pairs = ((c, self.predict_split(c, at_logged_position=True)[0]) for c in chunks)
         return evaluate_chunks(pairs, self.new_metrics(), self.field_columns)
 
+    # --- unseen-value dropout ---------------------------------------------------------------------
+    def set_value_counts(self, counts: Mapping[str, Any]) -> dict[str, dict[str, float]]:
+        """Set the unseen-value dropout from the training occurrences of each code of each
+        vocabulary column (``{column: [V + 1] counts}``, requests holding the code:
+        ``ListDataModule.value_counts``; hashed columns left out); returns its report (per column
+        the Good-Turing share, the share already at code 0, the share dropped).
+        A no-op report ``{}`` under ``unseen_dropout=off``."""
+        if self.unseen_dropout == "off":
+            self._unseen_tables, self.unseen_report = None, {}
+            return {}
+        schema = self.schema
+        sizes = dict(zip(schema.categorical, schema.vocab_sizes, strict=True))
+        for c, v in counts.items():
+            if c not in sizes:
+                raise ValueError(f"value counts for {c!r}, which is not a categorical feature "
+                                 f"{list(schema.categorical)}")
+            if len(v) != sizes[c] + 1:
+                raise ValueError(f"value counts of {c!r}: {len(v)} codes, the schema has "
+                                 f"{sizes[c] + 1} (code 0 and {sizes[c]} values)")
+        tables, report = probability_tables(counts, schema.categorical)
+        self._unseen_tables = tables if any(t is not None for t in tables) else None
+        self.unseen_report = report
+        for c, info in report.items():
+            log.info("unseen-value dropout %s: %.2f %% of training occurrences to code 0 "
+                     "(Good-Turing share of unseen values %.2f %%, already at code 0 %.2f %%)", c,
+                     100 * info["dropped"], 100 * info["good_turing"], 100 * info["already"])
+        return report
+
+    def setup(self, stage: str) -> None:
+        if stage != "fit" or self.unseen_report is not None:
+            return
+        if self.unseen_dropout == "off":
+            self.set_value_counts({})
+            return
+        dm = getattr(self._trainer, "datamodule", None) if self._trainer is not None else None
+        counts = getattr(dm, "value_counts", None)
+        if counts is None or self.data_info.get("schema") is None:
+            log.info("unseen-value dropout off: the training data gives no value counts (a "
+                     "ListDataModule does; or call set_value_counts before the fit)")
+            self.unseen_report = {}
+            return
+        self.set_value_counts(counts())
+
+    def _training_codes(self, batch: Batch) -> torch.Tensor:
+        tables, cat = self._unseen_tables, batch.cat
+        if tables is None:
+            return cat
+        if any(t is not None and t.device != cat.device for t in tables):
+            tables = self._unseen_tables = [None if t is None else t.to(cat.device) for t in tables]
+        # draws from (run seed, step, rank): the same after a mid-epoch resume, on CPU and GPU
+        rank = self._trainer.global_rank if self._trainer is not None else 0
+        seed = (torch.initial_seed() * 1_000_003 + self.global_step * 8_191 + rank) % (1 << 63)
+        g = torch.Generator().manual_seed(seed)
+        return drop_unseen(cat, tables, batch.request, generator=g)
+
     # --- training and evaluation steps ----------------------------------------------------------
     @property
     def _uses_positions(self) -> bool:
@@ -338,7 +411,8 @@ class HybridRanker(pl.LightningModule):
 
     def training_step(self, batch: Batch, batch_idx: int) -> torch.Tensor:
         positions = self._batch_positions(batch)
-        z, out = self.predict(batch.num, batch.cat, batch.request, positions)
+        cat = self._training_codes(batch)
+        z, out = self.predict(batch.num, cat, batch.request, positions)
         if positions is not None:  # the tower's per-slot sums (its exact update runs per epoch)
             self._accumulate_offsets(batch, positions, z.detach(), self.global_step)
         logits = gather_lists(out, batch.rank_index, batch.rank_mask)
@@ -348,7 +422,7 @@ class HybridRanker(pl.LightningModule):
             weights = gather_lists(batch.weight, batch.rank_index, batch.rank_mask)
         total, parts = self.loss(logits, labels, mask=batch.rank_mask, weights=weights)
         if self.embedding_l2 > 0:
-            l2 = embedding_penalty(self.scorer, batch.cat)
+            l2 = embedding_penalty(self.scorer, cat)
             total = total + self.embedding_l2 * l2
             parts = {**parts, "l2": l2}
         n = len(batch)
