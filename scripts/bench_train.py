@@ -91,8 +91,10 @@ def main() -> None:
 
     # 3) Lightning epoch
     torch.manual_seed(0)
+    # with the schema, as hybridrank-train builds it: the steps then do what a CLI run's do
+    # (unseen-value dropout from the datamodule's counts included)
     module = HybridRanker(MLPScorer(train.num.shape[1], list(splits.schema.vocab_sizes), base_rate=0.03),
-                          make_loss())
+                          make_loss(), data={"schema": splits.schema.to_dict(), "base_rate": 0.03})
     wait = DataWait()
     trainer = pl.Trainer(accelerator="cpu", devices=1, max_epochs=1, logger=False,
                          enable_checkpointing=False, enable_progress_bar=False,
