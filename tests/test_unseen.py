@@ -190,3 +190,16 @@ def test_set_value_counts_checks_what_it_is_given(tmp_path):
                                         schema.categorical)
     assert [t is None for t in tables] == [c != "user_id" for c in schema.categorical]
     assert report["user_id"]["dropped"] == 1.0
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_draws_on_a_gpu_equal_those_on_the_cpu():
+    """The model draws from a CPU generator seeded by (run seed, step, rank): tables and codes on
+    the GPU give the same codes as on the CPU."""
+    probs = torch.tensor([0.0, 0.5, 0.1, 0.9])
+    cat = torch.randint(1, 4, (5000, 2), generator=torch.Generator().manual_seed(1))
+    request = torch.arange(5000) // 4
+    cpu = drop_unseen(cat, [probs, None], request, generator=torch.Generator().manual_seed(7))
+    gpu = drop_unseen(cat.cuda(), [probs.cuda(), None], request.cuda(),
+                      generator=torch.Generator().manual_seed(7))
+    assert gpu.device.type == "cuda" and torch.equal(gpu.cpu(), cpu)
