@@ -203,3 +203,16 @@ def test_draws_on_a_gpu_equal_those_on_the_cpu():
     gpu = drop_unseen(cat.cuda(), [probs.cuda(), None], request.cuda(),
                       generator=torch.Generator().manual_seed(7))
     assert gpu.device.type == "cuda" and torch.equal(gpu.cpu(), cpu)
+
+
+def test_scorer_presets_and_yaml_booleans(compose_cfg, tmp_path):
+    """The presets of conf/model (on where measured to help, off where not) reach the model as
+    strings; a bare YAML ``off`` / ``on`` (read as a boolean) means off / good_turing."""
+    presets = {m: compose_cfg("config", f"model={m}").model.unseen_dropout
+               for m in ("mlp", "linear", "list_aware", "fm", "deepfm", "dcnv2")}
+    assert presets == {"mlp": "good_turing", "linear": "good_turing", "list_aware": "good_turing",
+                       "fm": "off", "deepfm": "off", "dcnv2": "off"}
+    whole, _ = _sources(tmp_path)
+    schema = ListDataModule(whole, budget=512).schema
+    assert _model(schema, False).unseen_dropout == "off"
+    assert _model(schema, True).unseen_dropout == "good_turing"

@@ -127,7 +127,9 @@ class HybridRanker(pl.LightningModule):
             by 0 (out of vocabulary) at the Good-Turing rate of unseen values, rare values most
             (:mod:`hybridrank.models.unseen`), so code 0's embedding row is trained for the values
             serving will meet for the first time; the counts come from the datamodule's
-            ``value_counts()`` (or :meth:`set_value_counts`). ``off``: codes as they are.
+            ``value_counts()`` (or :meth:`set_value_counts`). ``off``: codes as they are. A
+            boolean is read as ``good_turing`` (true) / ``off`` (false), as YAML reads a bare
+            ``off``. Presets per scorer in ``conf/model``.
 
     Built from configs (as ``hybridrank-train`` does), a checkpoint is self-contained:
     ``HybridRanker.load_from_checkpoint(path)``. Parts given as Python objects are not stored;
@@ -145,7 +147,9 @@ class HybridRanker(pl.LightningModule):
                 "position_bias": _plain(position_bias),
                 "data": _plain(dict(data)) if data is not None else None,
                 "config": _plain(config), "monitor": monitor, "embedding_l2": float(embedding_l2),
-                "unseen_dropout": str(unseen_dropout)}
+                # YAML 1.1 reads a bare `off` as false (and `on` as true)
+                "unseen_dropout": ({True: "good_turing", False: "off"}[unseen_dropout]
+                                   if isinstance(unseen_dropout, bool) else str(unseen_dropout))}
         if args["unseen_dropout"] not in UNSEEN_DROPOUT:
             raise ValueError(f"unseen_dropout must be one of {list(UNSEEN_DROPOUT)}, got "
                              f"{unseen_dropout!r}")
