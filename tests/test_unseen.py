@@ -216,3 +216,15 @@ def test_scorer_presets_and_yaml_booleans(compose_cfg, tmp_path):
     schema = ListDataModule(whole, budget=512).schema
     assert _model(schema, False).unseen_dropout == "off"
     assert _model(schema, True).unseen_dropout == "good_turing"
+
+
+def test_a_cli_run_reports_the_dropout_per_column(small_run):
+    """``train`` puts the report in its result and ``metrics.json``: per vocabulary column the
+    Good-Turing share of the training occurrences it counted, and what it dropped."""
+    import json
+
+    report = small_run["result"]["unseen_dropout"]
+    assert report == json.loads((small_run["out"] / "metrics.json").read_text())["unseen_dropout"]
+    assert set(report) == {"user_id", "item_id", "item_category"}
+    for info in report.values():
+        assert info["already"] + info["dropped"] == pytest.approx(max(info["already"], info["good_turing"]))

@@ -88,7 +88,9 @@ def train(cfg: DictConfig, *, splits=None) -> dict[str, Any]:
     ``val_epoch``, 1-based) and ``test`` metrics (``test/ndcg@10``, ``test/logloss``, ... of that
     checkpoint), reference rows (``oracle`` when the data carries the true click probability,
     ``base_rate``), the best checkpoint path, ``optimized_metric`` (the value of
-    ``cfg.optimized_metric``, for sweeps), ``fit_seconds`` (``trainer.fit``) and the wall time.
+    ``cfg.optimized_metric``, for sweeps), ``fit_seconds`` (``trainer.fit``), ``unseen_dropout``
+    (per vocabulary column the Good-Turing share of unseen values, the share already at code 0
+    and the share dropped in training; ``{}`` when off) and the wall time.
 
     ``splits``: already loaded data (``Splits``) to train on instead of loading ``cfg.data``'s
     source (its batching keys still apply): what benchmarks that train several models on one
