@@ -113,7 +113,7 @@ def drop_probabilities(counts) -> tuple[np.ndarray, dict[str, float]]:
     already = float(c[0]) / n if n else 0.0
     p = np.zeros(c.size, dtype=np.float64)
     info = {"good_turing": target, "already": already, "dropped": 0.0, "alpha": 0.0}
-    extra = (target - already) * n  # rows to move to code 0
+    extra = (target - already) * n  # occurrences to move to code 0
     if extra <= 0:
         return p, info
     a = _alpha(c[1:], extra)  # extra <= n1 <= sum(c[1:]), equal when every value is a singleton
