@@ -22,7 +22,9 @@ Per world and variant it reports, against the world's truth:
   it, the PCOC of a perfect model that cannot see time (the test rows' truth with the world's
   drift replaced by its mean over the training rows; 1 without drift); ``pcoc_floor``: drift and
   the clicks together, the same perfect time-blind model with its level fitted to the training
-  clicks (the best any model fitted to this log can expect);
+  clicks (the best a model fitted to this log can expect without following the level's trend);
+  ``pcoc_static``: ``pcoc_ref`` exported with ``level_trend.mode=off``, and ``trend``: the
+  level trend the export applied (logit per day; empty when its tests did not pass);
 - ``offset_err``: the largest error of the tower's offsets for slots 2..min(10, longest list);
 - ``auto``: what ``calibrator=auto`` chose, and ``d_ll``: test log loss (clicks) with it minus
   without it, with its standard error over requests (``d_ll_se``);
@@ -238,7 +240,7 @@ def _safe(name: str) -> str:
 # ----------------------------------------------------------------------------------------------
 # scoring and the figures
 # ----------------------------------------------------------------------------------------------
-def _export(checkpoint: str, inp: Path, out: Path, calibrator: str) -> tuple[pl.DataFrame, dict]:
+def _export(checkpoint: str, inp: Path, out: Path, calibrator: str, *extra: str) -> tuple[pl.DataFrame, dict]:
     from hydra import compose, initialize_config_module
 
     from hybridrank.cli.export import export
@@ -246,7 +248,8 @@ def _export(checkpoint: str, inp: Path, out: Path, calibrator: str) -> tuple[pl.
 
     with initialize_config_module("hybridrank.conf", version_base="1.3"):
         cfg = compose("export", overrides=[f"checkpoint={checkpoint}", f"input={inp}", f"output={out}",
-                                           f"calibrator={calibrator}", f"paths.output_dir={out.parent}"])
+                                           f"calibrator={calibrator}", f"paths.output_dir={out.parent}",
+                                           *extra])
     export(cfg)
     return read_scores(out)
 
@@ -328,9 +331,15 @@ def evaluate_run(w: dict[str, Any], name: str, run: dict, scratch: Path) -> dict
         s1 = s1.join(truth.select(key), on=key, how="right", maintain_order="right")
         ref_auto = s1["pctr"].to_numpy()
         ref_none = s1n.join(truth.select(key), on=key, how="right", maintain_order="right")["pctr"].to_numpy()
+        st, _ = _export(ckpt, w["dir"] / "test_slot1.parquet", scratch / f"{_safe(name)}_s1s.parquet", "auto",
+                        "level_trend.mode=off")
+        ref_static = st.join(truth.select(key), on=key, how="right", maintain_order="right")["pctr"].to_numpy()
     else:
         logged_auto, logged_none = a["pctr_at_position"].to_numpy(), n["pctr_at_position"].to_numpy()
         ref_auto, ref_none = a["pctr"].to_numpy(), n["pctr"].to_numpy()
+        st, _ = _export(ckpt, w["dir"] / "test.parquet", scratch / f"{_safe(name)}_static.parquet", "auto",
+                        "level_trend.mode=off")
+        ref_static = st.join(truth.select(key), on=key, how="left", maintain_order="left")["pctr"].to_numpy()
         info = meta.get("position_bias") or {}
         learned = np.asarray(info.get("logit_offsets", []), dtype=np.float64)
         top = int(min(10, world.spec.max_len, learned.size))
@@ -353,6 +362,9 @@ def evaluate_run(w: dict[str, Any], name: str, run: dict, scratch: Path) -> dict
     row["ndcg_gap"] = oracle - _ndcg10(ref_none, p_ref, offsets)
     row["pcoc_ref"] = float(ref_auto.sum() / p_ref.sum())
     row["pcoc_ref_none"] = float(ref_none.sum() / p_ref.sum())
+    row["pcoc_static"] = float(ref_static.sum() / p_ref.sum())  # without the level trend
+    trend = meta.get("level_trend") or {}
+    row["trend"] = trend.get("slope_per_day") if trend.get("applied") else None
     ll_auto, ll_none = _xent(logged_auto, y), _xent(logged_none, y)
     row["d_ll"] = float(np.mean(ll_auto - ll_none))
     row["d_ll_se"] = _per_request_se(ll_auto - ll_none, offsets)
@@ -397,7 +409,8 @@ def reference_row(w: dict[str, Any]) -> dict[str, Any]:
 # ----------------------------------------------------------------------------------------------
 # reporting
 # ----------------------------------------------------------------------------------------------
-COLS = ("excess", "ndcg_gap", "pcoc_ref", "pcoc_ref_none", "pcoc_drift", "pcoc_floor", "offset_err",
+COLS = ("excess", "ndcg_gap", "pcoc_ref", "pcoc_ref_none", "pcoc_static", "trend", "pcoc_drift",
+        "pcoc_floor", "offset_err",
         "offsets_covered", "identified", "precise", "auto", "d_ll", "welfare", "new_share", "pcoc_new",
         "pcoc_seen", "epochs", "stop")
 

@@ -10,8 +10,10 @@ the pieces they share with training:
   checkpoint's schema**, split by split in chunks of whole requests; or ``input=<files>`` read by
   :class:`~hybridrank.data.scanner.ClickLogScanner` and :meth:`~hybridrank.data.schema.Schema.read` (cast,
   validate under the training-time policies, encode);
-- the negative-downsampling correction (``correction: auto|always|never``) and the calibrator,
-  fitted on the validation split of the training data;
+- the negative-downsampling correction (``correction: auto|always|never``), the level trend
+  (``level_trend``: a one-way drift of the click level, tested on the training and validation
+  rows and followed to each scored row's time, :mod:`hybridrank.serving.level_trend`) and the
+  calibrator, fitted on the validation split of the training data;
 - :func:`~hybridrank.serving.export.score_frame` and :class:`~hybridrank.serving.export.ScoreWriter`.
 """
 
@@ -55,6 +57,7 @@ from hybridrank.serving.export import (
     score_frame,
     sha256_file,
 )
+from hybridrank.serving.level_trend import LevelTrend, fit_level_trend
 
 __all__ = ["export", "evaluate", "export_main", "eval_main", "prepare", "load_model",
            "resolve_checkpoint", "input_chunks"]
@@ -157,6 +160,7 @@ class Prepared:
     correction: dict
     calibration_fit: dict | None
     data_cfg: dict | None
+    level_trend: LevelTrend = dataclasses.field(default_factory=LevelTrend)
     _source: Any = None
     training_data: bool = True  # data_cfg is the checkpoint's own (not data=<option>)
 
@@ -190,6 +194,12 @@ class Prepared:
         of whole requests."""
         yield from self.source().chunks(split, max_rows=chunk_rows)
 
+    def row_shift(self, data: ListData) -> torch.Tensor:
+        """The logit shift of every impression of ``data``: the downsampling correction plus the
+        level trend at its request's time (at the end of the training log when it has none)."""
+        time = None if data.time is None else data.time[data.request_of_row()]
+        return self.shift + self.level_trend.shift(time, n=data.n_impressions)
+
 
 def _container(node) -> Any:
     if isinstance(node, DictConfig):
@@ -219,13 +229,17 @@ def prepare(cfg: DictConfig) -> Prepared:
         raise ValueError(f"calibrator config must build a hybridrank Calibrator: {calibrator!r}")
     prep = Prepared(model, str(path.resolve()), sha256_file(path), calibrator, shift, correction,
                     None, data_cfg, training_data=own)
+    chunk_rows = int(cfg.get("chunk_rows", 200_000))
+    prep.level_trend = fit_trend(prep, cfg.get("level_trend"), chunk_rows)
+    log.info(prep.level_trend.describe())
     if not isinstance(calibrator, IdentityCalibrator):
         split = str(cfg.get("calibration_split", "val"))
         if split not in SPLITS:
             raise ValueError(f"calibration_split must be one of {SPLITS}, got {split!r}")
-        chunk_rows = int(cfg.get("chunk_rows", 200_000))
         z, y, groups, order, serving = _logits_labels(prep, split, chunk_rows)
-        z, serving = z + shift, serving + shift
+        # the calibrator maps the logits the export will score: after the correction and the trend
+        moved = shift + prep.level_trend.shift(order, n=z.numel())
+        z, serving = z + moved, serving + moved
         if isinstance(calibrator, AutoCalibrator):
             reference, n_ref = scored_sample(prep, cfg, chunk_rows)
             calibrator.fit(z, y, groups=groups, order=order, serving=serving,
@@ -246,6 +260,39 @@ def prepare(cfg: DictConfig) -> Prepared:
                  calibrator.name, split, before["ece"], after["ece"], before["logloss"],
                  after["logloss"])
     return prep
+
+
+#: ``level_trend`` settings when the config has none (conf/export.yaml's)
+LEVEL_TREND_DEFAULTS = {"mode": "auto", "block_seconds": 86_400.0, "alpha": 0.01, "fit_alpha": 0.05,
+                        "min_blocks": 4, "max_horizon": 0.25}
+
+
+def fit_trend(prep: Prepared, node: Any, chunk_rows: int) -> LevelTrend:
+    """The level trend of ``level_trend: {mode: auto | off, ...}``: tested on the training and
+    validation rows (the model's click logits where the clicks were drawn, after the downsampling
+    correction) by :func:`~hybridrank.serving.level_trend.fit_level_trend`."""
+    opts = {**LEVEL_TREND_DEFAULTS, **(_container(node) or {})}
+    unknown = sorted(set(opts) - set(LEVEL_TREND_DEFAULTS))
+    if unknown:
+        raise ValueError(f"level_trend: unknown keys {unknown}; known: {sorted(LEVEL_TREND_DEFAULTS)}")
+    mode = opts.pop("mode")
+    if mode is False or mode == "off":
+        return LevelTrend(verdict="off (level_trend.mode=off)", max_horizon=float(opts["max_horizon"]))
+    if mode != "auto":
+        raise ValueError(f"level_trend.mode must be 'auto' or 'off', got {mode!r}")
+    zs, ys, ts = [], [], []
+    for split in ("train", "val"):
+        z, y, _, order, _ = _logits_labels(prep, split, chunk_rows)
+        if order is None:
+            return LevelTrend(verdict="the training data has no time column",
+                              max_horizon=float(opts["max_horizon"]))
+        zs.append(z + prep.shift)
+        ys.append(y)
+        ts.append(order)
+    return fit_level_trend(torch.cat(zs), torch.cat(ys), torch.cat(ts),
+                           block_seconds=float(opts["block_seconds"]), alpha=float(opts["alpha"]),
+                           fit_alpha=float(opts["fit_alpha"]), min_blocks=int(opts["min_blocks"]),
+                           max_horizon=float(opts["max_horizon"]))
 
 
 def _logits_labels(prep: Prepared, split: str, chunk_rows: int
@@ -415,7 +462,7 @@ def export(cfg: DictConfig) -> dict[str, Any]:
 
         def frames():
             for data in itertools.chain([first], chunks):
-                yield score_frame(model, data, prep.calibrator, shift=prep.shift,
+                yield score_frame(model, data, prep.calibrator, shift=prep.row_shift(data),
                                   labels=info["has_label"])
     else:
         prep.source()  # before any output: the training data must match the checkpoint's fingerprint
@@ -427,7 +474,7 @@ def export(cfg: DictConfig) -> dict[str, Any]:
         def frames():
             for name in names:
                 for data in prep.chunks(name, chunk_rows):
-                    f = score_frame(model, data, prep.calibrator, shift=prep.shift)
+                    f = score_frame(model, data, prep.calibrator, shift=prep.row_shift(data))
                     yield f.with_columns(pl.lit(name).alias("split")) if split == "all" else f
 
     meta = build_metadata(
@@ -435,6 +482,7 @@ def export(cfg: DictConfig) -> dict[str, Any]:
         config=prep.config, calibrator=prep.calibrator,
         neg_keep_rate=prep.correction["neg_keep_rate"],
         correction_applied=prep.correction["applied"], correction=prep.correction, scored=scored,
+        level_trend=prep.level_trend.to_dict(),
         calibration_fit=prep.calibration_fit, columns=columns, export_config=_export_cfg(cfg),
         **({"position_bias": position_bias_info(model)} if model.position_bias is not None else {}),
     )
@@ -446,12 +494,14 @@ def export(cfg: DictConfig) -> dict[str, Any]:
                               "metadata": dict(writer.metadata), "correction": prep.correction,
                               "calibration_fit": prep.calibration_fit, "portable": {}}
     if cfg.get("portable", False):
+        # a portable model sees no time: the level trend at the end of the training log
+        portable_shift = prep.shift + float(prep.level_trend.shift(None))
         base = output.with_suffix("")
         result["portable"] = {
             "torchscript": str(export_torchscript(model, prep.calibrator, base.with_suffix(".pt"),
-                                                  shift=prep.shift)),
+                                                  shift=portable_shift)),
             "onnx": str(export_onnx(model, prep.calibrator, base.with_suffix(".onnx"),
-                                    shift=prep.shift)),
+                                    shift=portable_shift)),
         }
     return result
 
@@ -483,15 +533,16 @@ def evaluate(cfg: DictConfig) -> dict[str, Any]:
     check_writable(out_dir / "calibration.json")
     prep = prepare(cfg)
     chunk_rows = int(cfg.get("chunk_rows", 200_000))
-    datas, zs = [], []
+    datas, zs, moved = [], [], []
     for data in prep.chunks(split, chunk_rows):
         datas.append(data)  # scored where the labels were drawn (logged positions, for a tower)
         zs.append(prep.model.predict_split(data, at_logged_position=True)[0].double() + prep.shift)
+        moved.append(prep.row_shift(data) - prep.shift)
     z = torch.cat(zs)
     label = torch.cat([d.label for d in datas])
     lengths = torch.cat([d.lengths for d in datas])
     position = None if datas[0].position is None else torch.cat([d.position for d in datas])
-    p_after = prep.calibrator.predict_proba(z)
+    p_after = prep.calibrator.predict_proba(z + torch.cat(moved))  # what the export writes
     fields, field_labels = _report_fields(prep.model, cfg.get("fields"), datas)
     # one set of per-request statistics per row: the summaries, the ranking metrics and the
     # intervals all derive from it (hybridrank.metrics.request_stats)
@@ -512,8 +563,8 @@ def evaluate(cfg: DictConfig) -> dict[str, Any]:
 
     extra = {"checkpoint": prep.checkpoint_path, "checkpoint_sha256": prep.checkpoint_sha256,
              "split": split, "calibrator": prep.calibrator.to_dict(),
-             "correction": prep.correction, "calibration_fit": prep.calibration_fit,
-             "ranking": {"before": points("before"), "after": points("after")}}
+             "correction": prep.correction, "level_trend": prep.level_trend.to_dict(),
+             "calibration_fit": prep.calibration_fit, "ranking": {"before": points("before"), "after": points("after")}}
     n_boot = int(cfg.get("n_boot", 1000))
     if n_boot:
         # intervals over the split's requests; "after" and the oracle paired against "before"

@@ -785,39 +785,20 @@ def level_stability(logits: Tensor, clicks: Tensor, weights: Tensor, block: Tens
     >>> level_stability(z - 2.2, y, torch.ones(4000), torch.arange(4000) // 1000, 4)["stable"]
     True
     """
-    from scipy.stats import chi2
+    from hybridrank.serving.level_trend import block_gaps, weighted_line
 
-    p = torch.sigmoid(logits.double())
-    gaps, var, seen = [], [], []
-    for k in range(n_blocks):
-        m = block == k
-        n_k = float(weights[m].sum())
-        if n_k == 0:
-            continue
-        seen.append(k)
-        y_k, p_k = float((weights * clicks)[m].sum()), float((weights * p)[m].sum())
-        gaps.append(math.log((y_k + 0.5) / (n_k - y_k + 0.5)) - math.log((p_k + 0.5) / (n_k - p_k + 0.5)))
-        var.append(1.0 / (y_k + 0.5) + 1.0 / (n_k - y_k + 0.5))
-    if len(gaps) < 2:
-        return {"stable": None, "blocks": len(gaps)}
-    g, v = np.array(gaps), np.array(var)
-    mean = float((g / v).sum() / (1 / v).sum())
-    q = float(((g - mean) ** 2 / v).sum())
-    pval = float(chi2.sf(q, len(g) - 1))
-    out = {"stable": pval >= alpha, "q": q, "p_value": pval, "gaps": [round(x, 4) for x in gaps],
-           "blocks": len(gaps)}
+    seen, g, v = block_gaps(logits, clicks, weights, block, n_blocks)
+    if len(g) < 2:
+        return {"stable": None, "blocks": len(g)}
+    # the blocks' own order (an empty one is skipped); with three blocks or more, the slope of
+    # the gap along it is the one-degree-of-freedom part of Q that a one-way drift concentrates in
+    line = weighted_line(seen.astype(np.float64), g, v)
+    q, pval = line["q"], line["q_p"]
+    out = {"stable": pval >= alpha, "q": q, "p_value": pval, "gaps": [round(float(x), 4) for x in g],
+           "blocks": len(g)}
     if len(g) >= 3:
-        # the one-degree-of-freedom part of Q along time: the inverse-variance weighted slope of
-        # the gap on the block's order. Q spreads its power over K - 1 directions; a level that
-        # drifts one way (a trend a time-blind model cannot follow) concentrates in this one
-        t = np.array(seen, dtype=np.float64)    # the blocks' own order (an empty one is skipped)
-        w = 1.0 / v
-        tc = t - float((w * t).sum() / w.sum())
-        sxx = float((w * tc * tc).sum())
-        slope = float((w * tc * (g - mean)).sum() / sxx)
-        se = 1.0 / math.sqrt(sxx)
-        p_trend = float(chi2.sf((slope / se) ** 2, 1))
-        out.update(trend=slope, trend_se=se, trend_p=p_trend, trending=p_trend < alpha)
+        out.update(trend=line["slope"], trend_se=line["slope_se"], trend_p=line["slope_p"],
+                   trending=line["slope_p"] < alpha)
     return out
 
 

@@ -46,7 +46,7 @@ log = logging.getLogger(__name__)
 META_KEYS = ("hybridrank_version", "checkpoint_sha256", "checkpoint_path", "config", "calibrator",
              "neg_keep_rate", "correction_applied", "created_at")
 _JSON_KEYS = ("config", "calibrator", "correction", "scored", "calibration_fit", "columns",
-              "n_rows", "export_config", "position_bias")
+              "n_rows", "export_config", "position_bias", "level_trend")
 
 
 def sha256_file(path: str | Path, block: int = 1 << 20) -> str:
@@ -174,7 +174,7 @@ def ranks_within_requests(pctr: np.ndarray, offsets: np.ndarray) -> np.ndarray:
 
 @torch.no_grad()
 def score_frame(model: nn.Module, data: ListData, calibrator: Calibrator | None = None, *,
-                shift: float = 0.0, labels: bool = True) -> pl.DataFrame:
+                shift: float | torch.Tensor = 0.0, labels: bool = True) -> pl.DataFrame:
     """Score whole requests into the export's rows (``docs/EXPORT.md``).
 
     Args:
@@ -182,7 +182,9 @@ def score_frame(model: nn.Module, data: ListData, calibrator: Calibrator | None 
             :meth:`~hybridrank.models.ranker.HybridRanker.predict_split` (the one scoring path).
         data: whole requests (a split or a chunk of one).
         calibrator: applied to ``logit + shift``; default none.
-        shift: downsampling-correction logit shift (``log w``) or 0.
+        shift: logit shift added before the calibrator: the downsampling correction (``log w``)
+            or 0, a float, or ``[N]`` per impression (the correction plus the level trend at each
+            row's time, as ``hybridrank-export`` passes it).
         labels: include the ``label`` column (and ``p_true`` when the data carries it).
 
     Returns:

@@ -1,0 +1,226 @@
+"""The level trend (hybridrank.serving.level_trend): its pieces against brute-force references,
+its decisions on logs with a known drift, and the export applying it row by row."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from hybridrank.serving.level_trend import (
+    DAY_SECONDS,
+    LevelTrend,
+    block_gaps,
+    fit_level_trend,
+    weighted_line,
+)
+
+
+def _logit(p: float) -> float:
+    return math.log(p / (1 - p))
+
+
+# --- pieces against references ---------------------------------------------------------------
+@given(st.lists(st.tuples(st.integers(0, 4), st.floats(-4, 2), st.integers(0, 1), st.floats(0.2, 3)),
+                min_size=1, max_size=60))
+def test_block_gaps_match_a_loop(rows):
+    block = torch.tensor([r[0] for r in rows])
+    z = torch.tensor([r[1] for r in rows], dtype=torch.float64)
+    y = torch.tensor([r[2] for r in rows], dtype=torch.float64)
+    w = torch.tensor([r[3] for r in rows], dtype=torch.float64)
+    seen, gaps, var = block_gaps(z, y, w, block, 5)
+    expected = []
+    for k in range(5):
+        idx = [i for i, r in enumerate(rows) if r[0] == k]
+        if not idx:
+            continue
+        n = sum(rows[i][3] for i in idx)
+        yk = sum(rows[i][3] * rows[i][2] for i in idx)
+        pk = sum(rows[i][3] / (1 + math.exp(-rows[i][1])) for i in idx)
+        g = math.log((yk + 0.5) / (n - yk + 0.5)) - math.log((pk + 0.5) / (n - pk + 0.5))
+        expected.append((k, g, 1 / (yk + 0.5) + 1 / (n - yk + 0.5)))
+    assert seen.tolist() == [e[0] for e in expected]
+    assert np.allclose(gaps, [e[1] for e in expected], rtol=1e-9, atol=1e-9)
+    assert np.allclose(var, [e[2] for e in expected], rtol=1e-9)
+
+
+@given(st.integers(3, 12), st.integers(0, 10_000))
+def test_weighted_line_matches_numpy_least_squares(k, seed):
+    rng = np.random.default_rng(seed)
+    t = np.sort(rng.uniform(0, 30, k)) + np.arange(k)  # distinct
+    g = rng.normal(0, 0.3, k) + 0.05 * t
+    v = rng.uniform(0.005, 0.2, k)
+    r = weighted_line(t, g, v)
+    # np.polyfit minimises sum (w_i (g_i - fit_i))^2: weights 1/sd
+    slope, intercept = np.polyfit(t, g, 1, w=1 / np.sqrt(v))
+    assert r["slope"] == pytest.approx(slope, rel=1e-8, abs=1e-10)
+    assert r["mean"] + r["slope"] * (0 - r["t_mean"]) == pytest.approx(intercept, rel=1e-8, abs=1e-8)
+    resid = g - (intercept + slope * t)
+    assert r["resid_q"] == pytest.approx(float(np.sum(resid ** 2 / v)), rel=1e-8, abs=1e-10)
+    cov = np.linalg.inv(np.stack([np.ones(k), t], 1).T @ np.diag(1 / v) @ np.stack([np.ones(k), t], 1))
+    assert r["slope_se"] == pytest.approx(math.sqrt(cov[1, 1]), rel=1e-8)
+    mean = np.sum(g / v) / np.sum(1 / v)
+    assert r["q"] == pytest.approx(float(np.sum((g - mean) ** 2 / v)), rel=1e-8, abs=1e-10)
+
+
+def test_weighted_line_needs_two_times():
+    with pytest.raises(ValueError, match="two distinct times"):
+        weighted_line(np.ones(3), np.arange(3.0), np.ones(3))
+
+
+# --- decisions on logs with a known level -----------------------------------------------------
+def _log(drift, days=28, n=60_000, base=0.03, seed=0):
+    """Rows spread evenly over ``days``; a model that knows everything but the time (its logit the
+    base level); clicks from base level + drift(t in days)."""
+    g = torch.Generator().manual_seed(seed)
+    t = torch.sort(torch.rand(n, generator=g, dtype=torch.float64) * days * DAY_SECONDS).values
+    z = torch.full((n,), _logit(base), dtype=torch.float64) + 0.5 * torch.randn(n, generator=g, dtype=torch.float64)
+    y = (torch.rand(n, generator=g, dtype=torch.float64) < torch.sigmoid(z + drift(t / DAY_SECONDS))).double()
+    return z, y, t
+
+
+def test_a_linear_drift_is_found_and_followed():
+    amp, days = 0.4, 28
+    z, y, t = _log(lambda d: amp * (2 * d / days - 1), days=days)
+    trend = fit_level_trend(z, y, t)
+    assert trend.applied, trend.verdict
+    truth = 2 * amp / days
+    assert abs(trend.slope_per_day - truth) < 3 * trend.evidence["slope_se"] * DAY_SECONDS
+    # the line meets the training level at its origin; a week after the log it is a quarter of
+    # the whole drift above the end's level... but clamped at max_horizon x span
+    end = float(t.max())
+    assert float(trend.shift(None)) == pytest.approx(trend.slope * (end - trend.origin))
+    late = torch.tensor([end + 100 * DAY_SECONDS], dtype=torch.float64)
+    assert float(trend.shift(late)) == pytest.approx(trend.slope * (trend.limit - trend.origin))
+    assert trend.limit == pytest.approx(end + 0.25 * (end - float(t.min())))
+    early = torch.tensor([float(t.min()) - 5 * DAY_SECONDS], dtype=torch.float64)
+    assert float(trend.shift(early)) == pytest.approx(trend.slope * (float(t.min()) - trend.origin))
+    # the level at the period after the log: the trend corrects most of the time-blind miss
+    after = torch.linspace(end, end + 3 * DAY_SECONDS, 1000, dtype=torch.float64)
+    true_gap = amp * (2 * (after / DAY_SECONDS) / days - 1)
+    blind_err = float((true_gap - 0.0).abs().mean())   # the model's level is the log's average (0)
+    err = float((true_gap - trend.shift(after)).abs().mean())
+    assert err < 0.3 * blind_err
+    assert "logit/day applied" in trend.describe()
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_no_drift_no_trend(seed):
+    z, y, t = _log(lambda d: 0.0 * d, seed=seed)
+    trend = fit_level_trend(z, y, t)
+    assert not trend.applied
+    assert trend.slope == 0.0 and float(trend.shift(None)) == 0.0
+    assert torch.equal(trend.shift(t[:5]), torch.zeros(5, dtype=torch.float64))
+    assert "none applied" in trend.describe()
+
+
+def test_a_weekly_cycle_is_not_extrapolated():
+    """A level that rises and falls with the week: its slope over the log can be significant, but
+    the straight line does not fit the days, so nothing is applied."""
+    z, y, t = _log(lambda d: 0.4 * torch.sin(2 * math.pi * d / 7 + 1.0), days=17, n=120_000)
+    trend = fit_level_trend(z, y, t)
+    assert not trend.applied
+    assert trend.evidence["resid_p"] < 0.05
+    # without the lack-of-fit check (fit_alpha near 0) the same slope would have been followed
+    loose = fit_level_trend(z, y, t, fit_alpha=1e-300)
+    assert loose.applied == (trend.evidence["slope_p"] < 0.01)
+
+
+def test_too_short_and_no_time():
+    z, y, t = _log(lambda d: 0.3 * d, days=2.5)
+    trend = fit_level_trend(z, y, t)
+    assert not trend.applied and "too short" in trend.verdict and trend.evidence["blocks"] == 3
+    assert not fit_level_trend(z, y, None).applied
+    assert not fit_level_trend(z[:0], y[:0], t[:0]).applied
+
+
+def test_round_trip_and_bad_input():
+    z, y, t = _log(lambda d: 0.03 * d)
+    trend = fit_level_trend(z, y, t)
+    back = LevelTrend.from_dict(trend.to_dict())
+    assert back == trend
+    assert torch.allclose(back.shift(t[:50]), trend.shift(t[:50]))
+    bad_t = t.clone()
+    bad_t[3] = float("nan")
+    with pytest.raises(ValueError, match="NaN"):
+        fit_level_trend(z, y, bad_t)
+    with pytest.raises(ValueError, match="differ in length"):
+        fit_level_trend(z, y[:-1], t)
+    with pytest.raises(ValueError, match="alpha"):
+        fit_level_trend(z, y, t, alpha=0)
+    with pytest.raises(ValueError, match="block_seconds"):
+        fit_level_trend(z, y, t, block_seconds=0)
+    with pytest.raises(ValueError, match="min_blocks"):
+        fit_level_trend(z, y, t, min_blocks=2)
+
+
+# --- the export ----------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def drifting_run(tmp_path_factory, compose_cfg):
+    """A tiny world with a strong linear drift, trained once through the CLI's train()."""
+    from hybridrank.cli.train import train
+    from hybridrank.data.worlds import draw_world, simulate_world
+
+    root = tmp_path_factory.mktemp("drift")
+    world = simulate_world(draw_world(3, size="tiny", drift="linear", drift_amplitude=0.5,
+                                      logging="random", ctr=0.08, n_impressions=30_000, days=21))
+    world.write(root / "world")
+    cols = world.columns
+    over = ["data=clicklog", f"data.source.path={root / 'world'}/*.parquet", "trainer.max_epochs=2",
+            "trainer.enable_progress_bar=false", "intervals.n_boot=0", f"paths.output_dir={root / 'run'}"]
+    for key in ("request", "label", "session", "user", "time", "position", "item", "bid", "true_p"):
+        over.append(f"data.source.columns.{key}={cols[key] if cols[key] is not None else 'null'}")
+    over.append("data.source.columns.numeric=[" + ",".join(cols["numeric"]) + "]")
+    over.append("data.source.columns.categorical=[" + ",".join(cols["categorical"]) + "]")
+    result = train(compose_cfg("config", *over))
+    return {"ckpt": result["best_checkpoint"], "root": root, "compose": compose_cfg}
+
+
+@pytest.mark.slow
+def test_export_follows_the_trend_row_by_row(drifting_run, tmp_path):
+    from hybridrank.cli.export import evaluate, export, load_model
+    from hybridrank.serving.export import read_scores
+
+    compose = drifting_run["compose"]
+
+    def run(*over):
+        out = tmp_path / f"s{len(list(tmp_path.iterdir()))}.parquet"
+        export(compose("export", f"checkpoint={drifting_run['ckpt']}", f"output={out}",
+                       "calibrator=none", *over))
+        return read_scores(out)
+
+    frame, meta = run("split=all")
+    static, meta_off = run("split=all", "level_trend.mode=off")
+    trend = LevelTrend.from_dict(meta["level_trend"])
+    assert trend.applied, trend.verdict
+    assert trend.slope_per_day > 0   # the world's drift rises (sign of the seed's draw)
+    assert not meta_off["level_trend"]["applied"] and "off" in meta_off["level_trend"]["verdict"]
+    # the logit column is the model's; pctr moves by the trend at each row's request time
+    assert np.allclose(frame["logit"].to_numpy(), static["logit"].to_numpy())
+    model = load_model(drifting_run["ckpt"])
+    import hydra
+
+    splits = hydra.utils.instantiate(model.hparams.config["data"]["source"], _partial_=True)(
+        schema=model.schema).load()
+    times = torch.cat([s.time[s.request_of_row()] for s in (splits.train, splits.val, splits.test)])
+    moved = np.log(frame["pctr"].to_numpy() / (1 - frame["pctr"].to_numpy())) - \
+        np.log(static["pctr"].to_numpy() / (1 - static["pctr"].to_numpy()))
+    assert np.allclose(moved, trend.shift(times).numpy(), atol=1e-6)
+    # the test period lies after the training rows: every test row is moved up, by at most the
+    # line's value at its horizon limit
+    test_moved = moved[-splits.test.n_impressions:]
+    assert (test_moved > 0).all()
+    assert test_moved.max() <= trend.slope * (trend.limit - trend.origin) + 1e-9
+    # and the level of the test period comes closer to its clicks
+    test = frame.tail(splits.test.n_impressions)
+    clicks = float(test["label"].sum())
+    assert abs(float(test["pctr"].sum()) - clicks) < abs(float(static.tail(len(test))["pctr"].sum()) - clicks)
+    # the evaluation report scores what the export writes
+    rep = evaluate(compose("eval", f"checkpoint={drifting_run['ckpt']}", "calibrator=none", "n_boot=0",
+                           "figures=false", f"output_dir={tmp_path / 'eval'}"))
+    assert rep["level_trend"]["applied"]
+    assert rep["summaries"]["after"]["pcoc"] != pytest.approx(rep["summaries"]["before"]["pcoc"])
