@@ -365,6 +365,7 @@ def evaluate_run(w: dict[str, Any], name: str, run: dict, scratch: Path) -> dict
     row["pcoc_static"] = float(ref_static.sum() / p_ref.sum())  # without the level trend
     trend = meta.get("level_trend") or {}
     row["trend"] = trend.get("slope_per_day") if trend.get("applied") else None
+    row["trend_verdict"] = trend.get("verdict")
     ll_auto, ll_none = _xent(logged_auto, y), _xent(logged_none, y)
     row["d_ll"] = float(np.mean(ll_auto - ll_none))
     row["d_ll_se"] = _per_request_se(ll_auto - ll_none, offsets)

@@ -177,7 +177,8 @@ def drifting_run(tmp_path_factory, compose_cfg):
     over.append("data.source.columns.numeric=[" + ",".join(cols["numeric"]) + "]")
     over.append("data.source.columns.categorical=[" + ",".join(cols["categorical"]) + "]")
     result = train(compose_cfg("config", *over))
-    return {"ckpt": result["best_checkpoint"], "root": root, "compose": compose_cfg}
+    return {"ckpt": result["best_checkpoint"], "root": root, "compose": compose_cfg,
+            "sign": float(world.params["drift_sign"])}
 
 
 @pytest.mark.slow
@@ -197,7 +198,8 @@ def test_export_follows_the_trend_row_by_row(drifting_run, tmp_path):
     static, meta_off = run("split=all", "level_trend.mode=off")
     trend = LevelTrend.from_dict(meta["level_trend"])
     assert trend.applied, trend.verdict
-    assert trend.slope_per_day > 0   # the world's drift rises (sign of the seed's draw)
+    sign = drifting_run["sign"]   # the world's drift goes from -sign x 0.5 to +sign x 0.5 logit
+    assert trend.slope_per_day * sign > 0
     assert not meta_off["level_trend"]["applied"] and "off" in meta_off["level_trend"]["verdict"]
     # the logit column is the model's; pctr moves by the trend at each row's request time
     assert np.allclose(frame["logit"].to_numpy(), static["logit"].to_numpy())
@@ -210,11 +212,11 @@ def test_export_follows_the_trend_row_by_row(drifting_run, tmp_path):
     moved = np.log(frame["pctr"].to_numpy() / (1 - frame["pctr"].to_numpy())) - \
         np.log(static["pctr"].to_numpy() / (1 - static["pctr"].to_numpy()))
     assert np.allclose(moved, trend.shift(times).numpy(), atol=1e-6)
-    # the test period lies after the training rows: every test row is moved up, by at most the
-    # line's value at its horizon limit
-    test_moved = moved[-splits.test.n_impressions:]
+    # the test period lies after the training rows: every test row is moved the drift's way, by
+    # at most the line's value at its horizon limit
+    test_moved = moved[-splits.test.n_impressions:] * sign
     assert (test_moved > 0).all()
-    assert test_moved.max() <= trend.slope * (trend.limit - trend.origin) + 1e-9
+    assert test_moved.max() <= trend.slope * sign * (trend.limit - trend.origin) + 1e-9
     # and the level of the test period comes closer to its clicks
     test = frame.tail(splits.test.n_impressions)
     clicks = float(test["label"].sum())
@@ -224,3 +226,15 @@ def test_export_follows_the_trend_row_by_row(drifting_run, tmp_path):
                            "figures=false", f"output_dir={tmp_path / 'eval'}"))
     assert rep["level_trend"]["applied"]
     assert rep["summaries"]["after"]["pcoc"] != pytest.approx(rep["summaries"]["before"]["pcoc"])
+
+
+def test_bad_level_trend_options_are_errors():
+    from hybridrank.cli.export import fit_trend
+
+    with pytest.raises(ValueError, match="level_trend.mode must be 'auto' or 'off', got 'of'"):
+        fit_trend(None, {"mode": "of"}, 1000)
+    with pytest.raises(ValueError, match=r"level_trend: unknown keys \['alpah'\]"):
+        fit_trend(None, {"alpah": 0.05}, 1000)
+    off = fit_trend(None, {"mode": "off"}, 1000)
+    assert not off.applied and "off" in off.verdict
+    assert not fit_trend(None, {"mode": False}, 1000).applied   # YAML 1.1 reads a bare off as false

@@ -242,3 +242,24 @@ def test_offsets_bench_recovers_known_offsets_and_its_floor_solves_the_click_equ
     train, _, test = split_frame(world.frame, ColumnMap(**world.columns), **BG.SPLIT)
     assert BG.floor(world, train, test) == pytest.approx(BO.world_row(4000, size="tiny", drift="none")["floor"])
     assert set(BO.ESTIMATORS) <= set(row) and all(r["offset_err"] >= 0 for k, r in row.items() if k in BO.ESTIMATORS)
+
+
+def test_level_trend_bench_follows_a_linear_drift_and_leaves_a_flat_level(monkeypatch):
+    """bench_level_trend on tiny worlds: without drift the perfect time-blind model is left as it
+    is (no trend applied, every rule equal); with a strong linear drift pinned, the shipped rule
+    finds it and brings PCOC at slot 1 on the period after the log closer to 1; the aggregate
+    table counts every world once per rule."""
+    monkeypatch.syspath_prepend(str(SCRIPTS))
+    import bench_level_trend as BL
+
+    pins = {"n_impressions": 60_000, "ctr": 0.08, "drift_amplitude": 0.5, "days": 21}
+    flat = BL.world_row(4001, "none", size="tiny", **{k: v for k, v in pins.items() if k != "drift_amplitude"})
+    assert not flat["applied"] and flat["static"] == flat["trend"] == flat["no_fit_check"]
+    lin = BL.world_row(4001, "linear", size="tiny", **pins)
+    assert lin["applied"], lin["verdict"]
+    assert abs(lin["static"] - 1) > 0.15                         # the drift's miss
+    assert abs(lin["trend"] - 1) < 0.5 * abs(lin["static"] - 1)  # mostly corrected
+    table = BL.aggregate([flat, lin])
+    assert "| none | 1 | static | 1/1 |" in table                 # 0.982
+    assert "| linear | 1 | static | 0/1 |" in table and "| linear | 1 | trend | 0/1 | 1/1 |" in table
+    assert "| linear | 1 | (trend applied in) | 1/1 |" in table

@@ -1,6 +1,7 @@
 """Serving: post-hoc calibrators, score exports and portable models, auction replay, checkpoints.
 
 - ``calibration.py``: identity / Platt / isotonic / auto calibrators, the downsampling correction.
+- ``level_trend.py``: the click level's trend over time, followed by exports to each row's time.
 - ``export.py``: score files with metadata, TorchScript / ONNX (``PortableRanker``).
 - ``auction.py``: GSP / first-price replay with the oracle allocation.
 - ``checkpoint.py``: atomic Lightning checkpoints.
@@ -18,6 +19,7 @@ _EXPORTS = {
     "Calibrator": "hybridrank.serving.calibration",
     "IdentityCalibrator": "hybridrank.serving.calibration",
     "IsotonicCalibrator": "hybridrank.serving.calibration",
+    "LevelTrend": "hybridrank.serving.level_trend",
     "MECHANISMS": "hybridrank.serving.auction",
     "META_KEYS": "hybridrank.serving.export",
     "PlattCalibrator": "hybridrank.serving.calibration",
@@ -31,6 +33,7 @@ _EXPORTS = {
     "downsampling_correction": "hybridrank.serving.calibration",
     "export_onnx": "hybridrank.serving.export",
     "export_torchscript": "hybridrank.serving.export",
+    "fit_level_trend": "hybridrank.serving.level_trend",
     "position_factors": "hybridrank.serving.auction",
     "ranks_within_requests": "hybridrank.serving.export",
     "read_scores": "hybridrank.serving.export",

@@ -1,0 +1,140 @@
+"""What following the click level's trend is worth, with the relevance model taken out.
+
+A model that cannot see time learns its log's average click level; when the level drifts, its
+pCTR for the period after the log is off by the drift since that average. ``hybridrank-export``
+tests the training and validation rows for a straight-line trend
+(:func:`hybridrank.serving.level_trend.fit_level_trend`) and, when one is found and fits, moves
+every scored row to the level the line forecasts at its time.
+
+This script judges that rule without training anything. On randomly built worlds
+(:mod:`hybridrank.data.worlds`, split as ``conf/data/clicklog.yaml`` splits them: the test split is
+the latest 20 % of sessions) with the drift pinned to ``none``, ``linear`` and ``weekly`` in turn,
+a **perfect time-blind model** (the true logits with the drift replaced by its mean over the rows
+before the test period, its level fitted to their clicks) is scored on the test rows at slot 1:
+
+- ``static``: as it is (what a time-blind model can hope for);
+- ``trend``: with the shipped rule's shift at each test row's time;
+- ``no_fit_check``: the same rule without its lack-of-fit test (``fit_alpha`` ~ 0): any
+  significant slope is followed.
+
+It prints PCOC at slot 1 against the truth per world, and per drift kind the worlds within 5 %
+and 10 % and the RMS of log PCOC. Usage::
+
+    python scripts/bench_level_trend.py --worlds 40 --seed0 7000
+    python scripts/bench_level_trend.py --worlds 20 --seed0 7100 --impressions 400000
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import polars as pl
+import torch
+
+from hybridrank.data.readers import ColumnMap
+from hybridrank.data.sources import split_frame
+from hybridrank.data.worlds import TIME_ORIGIN, draw_world, drift_logit, simulate_world
+from hybridrank.serving.level_trend import fit_level_trend
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_generalization import SPLIT, _logit, level_shift  # noqa: E402  (the CLI runs' split)
+
+RULES = ("static", "trend", "no_fit_check")
+DRIFTS = ("none", "linear", "weekly")
+
+
+def _sigmoid(z: np.ndarray) -> np.ndarray:
+    return 1.0 / (1.0 + np.exp(-z))
+
+
+def world_row(seed: int, drift: str, size: str = "small", alpha: float = 0.01, **pins: Any) -> dict[str, Any]:
+    """One world's row: PCOC at slot 1 of the perfect time-blind model under each rule."""
+    world = simulate_world(draw_world(seed, size=size, drift=drift, **pins))
+    cols = world.columns
+    train, val, test = split_frame(world.frame, ColumnMap(**cols), **SPLIT)
+    pre = pl.concat([train, val])
+    tcol = cols["time"]
+
+    def drift_of(frame: pl.DataFrame) -> np.ndarray:
+        return drift_logit(world.spec, world.params["drift_sign"], world.params["drift_phase"],
+                           frame[tcol].to_numpy() - TIME_ORIGIN)
+
+    mean_drift = float(np.mean(drift_of(pre)))
+    z = _logit(pre["true_p"].to_numpy()) - drift_of(pre) + mean_drift   # at the logged slot
+    y = (pre[cols["label"]].to_numpy() > 0).astype(np.float64)
+    p_ref = test["true_p_ref"].to_numpy()
+    z_test = _logit(p_ref) - drift_of(test) + mean_drift                # at slot 1
+    level = level_shift(z, y.sum())
+    t_pre = torch.from_numpy(pre[tcol].to_numpy().astype(np.float64))
+    t_test = torch.from_numpy(test[tcol].to_numpy().astype(np.float64))
+    zt = torch.from_numpy(z + level)
+    yt = torch.from_numpy(y)
+    shipped = fit_level_trend(zt, yt, t_pre, alpha=alpha)
+    loose = fit_level_trend(zt, yt, t_pre, alpha=alpha, fit_alpha=1e-300)
+    shifts = {"static": np.zeros(test.height), "trend": shipped.shift(t_test).numpy(),
+              "no_fit_check": loose.shift(t_test).numpy()}
+    row: dict[str, Any] = {"seed": seed, "drift": drift, "amplitude": world.spec.drift_amplitude,
+                           "days": world.spec.days, "clicks": int(y.sum()),
+                           "applied": shipped.applied, "verdict": shipped.verdict}
+    for rule in RULES:
+        row[rule] = float(_sigmoid(z_test + level + shifts[rule]).sum() / p_ref.sum())
+    return row
+
+
+def aggregate(rows: list[dict[str, Any]]) -> str:
+    out = ["| drift | worlds | rule | PCOC@1 within 5 % | within 10 % | RMS log PCOC |",
+           "|---|---|---|---|---|---|"]
+    for drift in DRIFTS:
+        sub = [r for r in rows if r["drift"] == drift]
+        n = len(sub)
+        for rule in RULES if sub else ():
+            x = np.array([r[rule] for r in sub])
+            rms = math.sqrt(float(np.mean(np.log(x) ** 2)))
+            out.append(f"| {drift} | {n} | {rule} | {int(np.sum(np.abs(x - 1) <= 0.05))}/{n} | "
+                       f"{int(np.sum(np.abs(x - 1) <= 0.10))}/{n} | {rms:.3f} |")
+        if sub:
+            out.append(f"| {drift} | {n} | (trend applied in) | {sum(r['applied'] for r in sub)}/{n} | | |")
+    return "\n".join(out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--worlds", type=int, default=20)
+    ap.add_argument("--seed0", type=int, default=7000)
+    ap.add_argument("--size", default="small", choices=("tiny", "small"))
+    ap.add_argument("--impressions", type=int, default=None, help="pin n_impressions")
+    ap.add_argument("--drifts", default=",".join(DRIFTS))
+    ap.add_argument("--alpha", type=float, default=0.01, help="the slope's significance level (shipped: 0.01)")
+    ap.add_argument("--out", type=Path, default=None, help="write the rows as JSON here")
+    a = ap.parse_args(argv)
+    pins = {} if a.impressions is None else {"n_impressions": a.impressions}
+    drifts = [d for d in a.drifts.split(",") if d]
+    unknown = sorted(set(drifts) - set(DRIFTS))
+    if unknown:
+        ap.error(f"unknown drifts {unknown}; choose from {DRIFTS}")
+    rows = []
+    print("| world | drift | amplitude | days | clicks | static | trend | no_fit_check | verdict |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for seed in range(a.seed0, a.seed0 + a.worlds):
+        for drift in drifts:
+            r = world_row(seed, drift, a.size, alpha=a.alpha, **pins)
+            rows.append(r)
+            print(f"| {seed} | {drift} | {r['amplitude']:.2f} | {r['days']} | {r['clicks']:,} | "
+                  f"{r['static']:.3f} | {r['trend']:.3f} | {r['no_fit_check']:.3f} | {r['verdict']} |",
+                  flush=True)
+    print()
+    print(aggregate(rows))
+    if a.out is not None:
+        a.out.parent.mkdir(parents=True, exist_ok=True)
+        a.out.write_text(json.dumps(rows, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
