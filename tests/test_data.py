@@ -683,13 +683,17 @@ def test_export_of_a_split_refuses_changed_added_or_missing_training_files(glob_
     frame.with_columns(click=pl.when(pl.int_range(pl.len()) == 3).then(1 - pl.col("click"))
                        .otherwise(pl.col("click"))).write_parquet(a)
     with pytest.raises(DataChangedError, match=rf"changed file {a} \(.*content hash differs\).*"
-                                               r"score new files with input="):
+                                               r"score new files with input=\.\.\. calibrator=none "
+                                               r"level_trend\.mode=off"):
         _export(glob_run, "split=test")
     with pytest.raises(DataChangedError, match=rf"changed file {a}"):  # hybridrank-eval as well
         evaluate(glob_run["compose"]("eval", f"checkpoint={glob_run['ckpt']}", "calibrator=none",
                                      f"output_dir={glob_run['tmp']}/report", "n_boot=0"))
-    # scoring new files is unaffected (no training data is re-read without a calibrator)
-    assert _export(glob_run, f"input={a}")["n_rows"] == frame.height
+    # scoring new files without a calibrator and without the level trend reads no training data
+    assert _export(glob_run, f"input={a}", "level_trend.mode=off")["n_rows"] == frame.height
+    # the level trend is tested on the training rows: it needs them as they were
+    with pytest.raises(DataChangedError, match=rf"changed file {a}"):
+        _export(glob_run, f"input={a}")
     a.write_bytes(original)
     assert _export(glob_run, "split=test")["n_rows"] == before
     # the glob now matches an extra file

@@ -188,6 +188,7 @@ def check_fingerprint(stored: Mapping | None, current: Mapping, where: str = "th
         raise DataChangedError(
             f"{where} no longer matches what the checkpoint was trained on: " + "; ".join(diff)
             + ". Re-reading and re-splitting it would not give the training split (rows could move "
-              "between train, val and test). Restore the files, score new files with input=..., "
-              "or pass data=<option> to read other data explicitly.")
+              "between train, val and test). Restore the files, score new files with input=... "
+              "calibrator=none level_trend.mode=off (which read no training data), or pass "
+              "data=<option> to read other data explicitly.")
     return True
