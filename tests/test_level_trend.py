@@ -73,14 +73,25 @@ def test_weighted_line_needs_two_times():
 
 
 # --- decisions on logs with a known level -----------------------------------------------------
-def _log(drift, days=28, n=60_000, base=0.03, seed=0):
+def _log(drift, days=28, n=60_000, base=0.03, seed=0, day_sd=0.0):
     """Rows spread evenly over ``days``; a model that knows everything but the time (its logit the
-    base level); clicks from base level + drift(t in days)."""
+    base level plus row noise); clicks from base level + drift(t in days) + a level of each day
+    drawn with sd ``day_sd`` (a trained model's day-to-day errors)."""
     g = torch.Generator().manual_seed(seed)
     t = torch.sort(torch.rand(n, generator=g, dtype=torch.float64) * days * DAY_SECONDS).values
     z = torch.full((n,), _logit(base), dtype=torch.float64) + 0.5 * torch.randn(n, generator=g, dtype=torch.float64)
-    y = (torch.rand(n, generator=g, dtype=torch.float64) < torch.sigmoid(z + drift(t / DAY_SECONDS))).double()
+    day_level = torch.randn(int(days) + 1, generator=g, dtype=torch.float64) * day_sd
+    level = drift(t / DAY_SECONDS) + day_level[(t / DAY_SECONDS).long()]
+    y = (torch.rand(n, generator=g, dtype=torch.float64) < torch.sigmoid(z + level)).double()
     return z, y, t
+
+
+def _line_p(z, y, t) -> float:
+    """The slope p-value of a plain weighted line through the day gaps (no cycle, binomial noise)."""
+    block = torch.floor((t - t.min()) / DAY_SECONDS).long()
+    seen, g, v = block_gaps(z, y, torch.ones_like(z), block, int(block.max()) + 1)
+    tb = np.array([float(t[block == k].mean()) for k in seen])
+    return weighted_line(tb, g, v)["slope_p"]
 
 
 def test_a_linear_drift_is_found_and_followed():
@@ -89,7 +100,7 @@ def test_a_linear_drift_is_found_and_followed():
     trend = fit_level_trend(z, y, t)
     assert trend.applied, trend.verdict
     truth = 2 * amp / days
-    assert abs(trend.slope_per_day - truth) < 3 * trend.evidence["slope_se"] * DAY_SECONDS
+    assert abs(trend.slope_per_day - truth) < 3 * trend.evidence["slope_se_per_day"]
     # the line meets the training level at its origin; a week after the log it is a quarter of
     # the whole drift above the end's level... but clamped at max_horizon x span
     end = float(t.max())
@@ -118,16 +129,47 @@ def test_no_drift_no_trend(seed):
     assert "none applied" in trend.describe()
 
 
-def test_a_weekly_cycle_is_not_extrapolated():
-    """A level that rises and falls with the week: its slope over the log can be significant, but
-    the straight line does not fit the days, so nothing is applied."""
-    z, y, t = _log(lambda d: 0.4 * torch.sin(2 * math.pi * d / 7 + 1.0), days=17, n=120_000)
+@pytest.mark.parametrize(("days", "phase"), [(12, 1.0), (20, 1.0), (12, 0.0)])
+def test_a_weekly_cycle_is_not_extrapolated(days, phase):
+    """A level that rises and falls with the week: a straight line through the days has a
+    significant slope (the part of the cycle the log happens to cover), but the trend net of the
+    cycle is not significant, so nothing is applied."""
+    z, y, t = _log(lambda d: 0.4 * torch.sin(2 * math.pi * d / 7 + phase), days=days, n=120_000)
+    assert _line_p(z, y, t) < 0.01
     trend = fit_level_trend(z, y, t)
-    assert not trend.applied
-    assert trend.evidence["resid_p"] < 0.05
-    # without the lack-of-fit check (fit_alpha near 0) the same slope would have been followed
-    loose = fit_level_trend(z, y, t, fit_alpha=1e-300)
-    assert loose.applied == (trend.evidence["slope_p"] < 0.01)
+    assert not trend.applied, trend.verdict
+    assert trend.evidence["check"] == "weekly cycle" and trend.evidence["cycle_p"] < 1e-6
+
+
+def test_day_to_day_scatter_widens_the_slope_and_keeps_a_true_trend():
+    """A trained model's errors vary from day to day (here a level of each day, sd 0.15, ~13x the
+    binomial variance of a day's gap): without a trend, a plain weighted line fires on that scatter
+    (p < 0.01 in one of these 12 logs), the overdispersion-widened test in none; with a trend of
+    0.02 logit per day under the same scatter, it is found and estimated within 3 SE."""
+    naive = widened = 0
+    for seed in range(12):
+        z, y, t = _log(lambda d: 0.0 * d, seed=seed, day_sd=0.15, n=200_000)
+        trend = fit_level_trend(z, y, t)
+        assert trend.evidence["phi"] > 2
+        naive += _line_p(z, y, t) < 0.01
+        widened += trend.applied
+    assert naive == 1 and widened == 0
+    z, y, t = _log(lambda d: 0.02 * d, seed=1, day_sd=0.15, n=200_000)
+    trend = fit_level_trend(z, y, t)
+    assert trend.applied and trend.evidence["phi"] > 2, trend.verdict
+    assert abs(trend.slope_per_day - 0.02) < 3 * trend.evidence["slope_se_per_day"]
+
+
+def test_a_short_log_fits_the_line_alone():
+    """Five days leave too few degrees of freedom for the cycle: the line alone, with its lack of
+    fit checked."""
+    z, y, t = _log(lambda d: 0.1 * d, days=5)
+    trend = fit_level_trend(z, y, t)
+    assert trend.applied and trend.evidence["check"] == "lack of fit", trend.verdict
+    # a one-off jump on day 3 (a campaign starting): significant, but not a line
+    z, y, t = _log(lambda d: torch.where(d > 3, 0.8, 0.0), days=5, n=200_000)
+    bent = fit_level_trend(z, y, t)
+    assert not bent.applied and "not along a line" in bent.verdict, bent.verdict
 
 
 def test_too_short_and_no_time():
@@ -156,6 +198,8 @@ def test_round_trip_and_bad_input():
         fit_level_trend(z, y, t, block_seconds=0)
     with pytest.raises(ValueError, match="min_blocks"):
         fit_level_trend(z, y, t, min_blocks=2)
+    with pytest.raises(ValueError, match="cycle_seconds"):
+        fit_level_trend(z, y, t, cycle_seconds=0)
 
 
 # --- the export ----------------------------------------------------------------------------------

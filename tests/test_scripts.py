@@ -254,7 +254,7 @@ def test_level_trend_bench_follows_a_linear_drift_and_leaves_a_flat_level(monkey
 
     pins = {"n_impressions": 60_000, "ctr": 0.08, "drift_amplitude": 0.5, "days": 21}
     flat = BL.world_row(4001, "none", size="tiny", **{k: v for k, v in pins.items() if k != "drift_amplitude"})
-    assert not flat["applied"] and flat["static"] == flat["trend"] == flat["no_fit_check"]
+    assert not flat["applied"] and flat["static"] == flat["trend"] == flat["plain_line"]
     lin = BL.world_row(4001, "linear", size="tiny", **pins)
     assert lin["applied"], lin["verdict"]
     assert abs(lin["static"] - 1) > 0.15                         # the drift's miss
