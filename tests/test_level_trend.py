@@ -282,3 +282,21 @@ def test_bad_level_trend_options_are_errors():
     off = fit_trend(None, {"mode": "off"}, 1000)
     assert not off.applied and "off" in off.verdict
     assert not fit_trend(None, {"mode": False}, 1000).applied   # YAML 1.1 reads a bare off as false
+
+
+@pytest.mark.parametrize("name", ["export", "eval"])
+def test_shipped_configs_hold_the_code_defaults(compose_cfg, name):
+    """conf/export.yaml and conf/eval.yaml spell out LEVEL_TREND_DEFAULTS (what a config without
+    the node gets), and those are fit_level_trend's own defaults."""
+    import inspect
+
+    from omegaconf import OmegaConf
+
+    from hybridrank.cli.export import LEVEL_TREND_DEFAULTS
+
+    cfg = compose_cfg(name, "checkpoint=x")
+    assert OmegaConf.to_container(cfg.level_trend) == LEVEL_TREND_DEFAULTS
+    params = inspect.signature(fit_level_trend).parameters
+    for key, value in LEVEL_TREND_DEFAULTS.items():
+        if key != "mode":
+            assert params[key].default == value, key

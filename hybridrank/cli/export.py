@@ -282,7 +282,7 @@ def fit_trend(prep: Prepared, node: Any, chunk_rows: int) -> LevelTrend:
         raise ValueError(f"level_trend.mode must be 'auto' or 'off', got {mode!r}")
     zs, ys, ts = [], [], []
     for split in ("train", "val"):
-        z, y, _, order, _ = _logits_labels(prep, split, chunk_rows)
+        z, y, _, order, _ = _logits_labels(prep, split, chunk_rows, serving=False)
         if order is None:
             return LevelTrend(verdict="the training data has no time column",
                               max_horizon=float(opts["max_horizon"]))
@@ -295,7 +295,7 @@ def fit_trend(prep: Prepared, node: Any, chunk_rows: int) -> LevelTrend:
                            max_horizon=float(opts["max_horizon"]))
 
 
-def _logits_labels(prep: Prepared, split: str, chunk_rows: int
+def _logits_labels(prep: Prepared, split: str, chunk_rows: int, serving: bool = True
                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor]:
     """Click logits (float64), labels, request index, request time (or None) and serving logits
     of every impression of a split.
@@ -303,14 +303,16 @@ def _logits_labels(prep: Prepared, split: str, chunk_rows: int
     Scored where the labels were drawn: at the logged positions for a model with a position-bias
     tower (a calibrator fitted on serving scores against labels from all positions would fold
     the average position effect back into the pCTR); the serving logits (the reference slot) are
-    what the resemblance check compares with the scored data.
+    what the resemblance check compares with the scored data (``serving=False``: not computed,
+    the click logits stand in).
     """
     zs, ys, gs, ts, ss = [], [], [], [], []
     n_requests = 0
     for data in prep.chunks(split, chunk_rows):
         z = prep.model.predict_split(data, at_logged_position=True)[0].double()
         zs.append(z)
-        ss.append(prep.model.predict_split(data)[0].double() if prep.model.position_bias is not None else z)
+        tower = serving and prep.model.position_bias is not None
+        ss.append(prep.model.predict_split(data)[0].double() if tower else z)
         ys.append(data.label)
         rows = data.request_of_row()
         gs.append(rows + n_requests)
