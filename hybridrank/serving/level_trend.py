@@ -28,8 +28,9 @@ is fitted and must also fit (its lack of fit not significant at ``fit_alpha``, 5
 Why not simply follow the line: on 60 weekly-cycling worlds a straight line through the days
 raised the RMS log PCOC from 0.109 to 0.128 (small) and 0.133 (400k impressions); with the cycle
 in the regression the trend never fired there. Why the overdispersion: on trained models with
-many clicks per day (400k impressions at 9-11 % CTR) a plain lack-of-fit test refused true linear
-drifts because of the model's day-to-day scatter (docs/BENCHMARKS.md, "Level drift").
+many clicks per day (400k impressions at 8.7 and 10.5 % CTR) a plain lack-of-fit test refused
+true linear drifts because of the model's day-to-day scatter (docs/BENCHMARKS.md, "Level
+drift").
 
 The forecast is clamped: a row later than the end of the log by more than ``max_horizon`` times
 the log's span gets the level at that limit, and a row earlier than the log's start the level at
