@@ -214,6 +214,28 @@ def test_a_miscalibration_that_moves_with_time_is_not_carried_forward():
     assert "MOVING" in timed.describe()
 
 
+def test_the_stability_test_reads_the_gaps_before_a_trend_already_applied():
+    """The export adds its level trend to the logits before auto; auto's stability test must
+    still see the model's own level moving (``moved``), else the detrended gaps look stable and a
+    shift fitted on them is carried into the next period. Here the trend follows the drift exactly:
+    handed the moved logits without ``moved``, auto sees a stable gap and adopts a calibrator;
+    with ``moved`` it keeps the identity, as it does for the model's own logits."""
+    g = torch.Generator().manual_seed(14)
+    n_req, size = 4000, 10
+    z = torch.randn(n_req * size, generator=g) - 3.0
+    req = torch.arange(n_req * size) // size
+    t = req.double()
+    drift = 0.8 - 0.7 * t / n_req
+    y = (torch.rand(n_req * size, generator=g) < torch.sigmoid(z + drift + 0.3)).double()
+    trend = drift - drift.mean()                        # what a fitted trend adds, centred
+    unaware = AutoCalibrator().fit(z + trend, y, groups=req, order=t)
+    assert unaware.decision["stability"]["stable"] is True and unaware.chosen.name != "none"
+    aware = AutoCalibrator().fit(z + trend, y, groups=req, order=t, moved=trend)
+    assert aware.decision["stability"]["stable"] is False and aware.chosen.name == "none"
+    own = AutoCalibrator().fit(z, y, groups=req, order=t)
+    assert own.decision["stability"]["p_value"] == pytest.approx(aware.decision["stability"]["p_value"])
+
+
 def test_level_trend_is_the_weighted_slope_of_the_gap_and_flags_a_drifting_level():
     """``level_stability``'s trend: the inverse-variance weighted slope of the per-block gap on
     the block's order (numpy's weighted least squares as the reference, on the gaps and variances

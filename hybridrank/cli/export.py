@@ -238,13 +238,15 @@ def prepare(cfg: DictConfig) -> Prepared:
             raise ValueError(f"calibration_split must be one of {SPLITS}, got {split!r}")
         z, y, groups, order, serving = _logits_labels(prep, split, chunk_rows)
         # the calibrator maps the logits the export will score: after the correction and the trend
+        # (the resemblance check compares the model's own serving scores, before the trend, on
+        # both sides)
         moved = shift + prep.level_trend.shift(order, n=z.numel())
-        z, serving = z + moved, serving + moved
+        z, serving = z + moved, serving + shift
         if isinstance(calibrator, AutoCalibrator):
             reference, n_ref = scored_sample(prep, cfg, chunk_rows)
             calibrator.fit(z, y, groups=groups, order=order, serving=serving,
                            reference=None if reference is None else reference + shift,
-                           reference_requests=n_ref)
+                           reference_requests=n_ref, moved=moved - shift)
             log.info(calibrator.describe())
         else:
             calibrator.fit(z, y)

@@ -585,7 +585,7 @@ class AutoCalibrator(Calibrator):
                       f"blocks before it")
 
     def fit(self, logits, clicks, weights=None, groups=None, order=None, reference=None,
-            serving=None, reference_requests: int | None = None) -> AutoCalibrator:
+            serving=None, reference_requests: int | None = None, moved=None) -> AutoCalibrator:
         """Cross-fit the candidates and keep the winner (or the identity).
 
         Args:
@@ -599,6 +599,12 @@ class AutoCalibrator(Calibrator):
                 resemblance check; ``reference_requests`` its number of requests. None: no check.
             serving: serving logits of the calibration split (default ``logits``; they differ for a
                 model with a position tower, whose ``logits`` are at the logged positions).
+            moved: ``[N]`` a time-dependent shift already added to ``logits`` (the export's level
+                trend), or None. The stability test (rule 4) reads the gaps of the model's own
+                logits, before it: a level that moved over the log keeps the identity whether or
+                not the trend follows it. Measured: on a drifting world whose trend the export
+                followed, the detrended gaps looked stable, ``auto`` fitted a shift, and test log
+                loss rose by 3 standard errors (docs/BENCHMARKS.md, "Level drift").
         """
         z, y, w = _fit_inputs(logits, clicks, weights)
         if groups is None:
@@ -682,7 +688,8 @@ class AutoCalibrator(Calibrator):
                 best, best_gain = name, gain
         stability = None
         if forward:  # the level gap per time block: a map fitted on a moving gap does not transfer
-            stability = level_stability(z, y, w, fold_of, self.folds)
+            own = z if moved is None else z - torch.as_tensor(moved).reshape(-1).double()
+            stability = level_stability(own, y, w, fold_of, self.folds)
             if stability.get("stable") is False and best != "none":
                 results[best]["overruled"] = (f"the model's miscalibration changes over time within the "
                                               f"calibration split (Cochran's Q p = {stability['p_value']:.3g})")
