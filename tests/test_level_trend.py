@@ -222,7 +222,7 @@ def drifting_run(tmp_path_factory, compose_cfg):
     over.append("data.source.columns.categorical=[" + ",".join(cols["categorical"]) + "]")
     result = train(compose_cfg("config", *over))
     return {"ckpt": result["best_checkpoint"], "root": root, "compose": compose_cfg,
-            "sign": float(world.params["drift_sign"])}
+            "sign": float(world.params["drift_sign"]), "train_trend": result["level_trend"]}
 
 
 @pytest.mark.slow
@@ -245,6 +245,9 @@ def test_export_follows_the_trend_row_by_row(drifting_run, tmp_path):
     sign = drifting_run["sign"]   # the world's drift goes from -sign x 0.5 to +sign x 0.5 logit
     assert trend.slope_per_day * sign > 0
     assert not meta_off["level_trend"]["applied"] and "off" in meta_off["level_trend"]["verdict"]
+    # training reported the same test on the same rows (metrics.json["level_trend"])
+    assert drifting_run["train_trend"]["applied"]
+    assert drifting_run["train_trend"]["slope"] == pytest.approx(trend.slope, rel=1e-9)
     # the logit column is the model's; pctr moves by the trend at each row's request time
     assert np.allclose(frame["logit"].to_numpy(), static["logit"].to_numpy())
     model = load_model(drifting_run["ckpt"])

@@ -57,7 +57,7 @@ from hybridrank.serving.export import (
     score_frame,
     sha256_file,
 )
-from hybridrank.serving.level_trend import LevelTrend, fit_level_trend
+from hybridrank.serving.level_trend import LevelTrend, model_level_trend
 
 __all__ = ["export", "evaluate", "export_main", "eval_main", "prepare", "load_model",
            "resolve_checkpoint", "input_chunks"]
@@ -272,7 +272,7 @@ LEVEL_TREND_DEFAULTS = {"mode": "auto", "block_seconds": 86_400.0, "alpha": 0.01
 def fit_trend(prep: Prepared, node: Any, chunk_rows: int) -> LevelTrend:
     """The level trend of ``level_trend: {mode: auto | off, ...}``: tested on the training and
     validation rows (the model's click logits where the clicks were drawn, after the downsampling
-    correction) by :func:`~hybridrank.serving.level_trend.fit_level_trend`."""
+    correction) by :func:`~hybridrank.serving.level_trend.model_level_trend`."""
     opts = {**LEVEL_TREND_DEFAULTS, **(_container(node) or {})}
     unknown = sorted(set(opts) - set(LEVEL_TREND_DEFAULTS))
     if unknown:
@@ -282,22 +282,11 @@ def fit_trend(prep: Prepared, node: Any, chunk_rows: int) -> LevelTrend:
         return LevelTrend(verdict="off (level_trend.mode=off)", max_horizon=float(opts["max_horizon"]))
     if mode != "auto":
         raise ValueError(f"level_trend.mode must be 'auto' or 'off', got {mode!r}")
-    zs, ys, ts = [], [], []
-    for split in ("train", "val"):
-        z, y, _, order, _ = _logits_labels(prep, split, chunk_rows, serving=False)
-        if order is None:
-            return LevelTrend(verdict="the training data has no time column",
-                              max_horizon=float(opts["max_horizon"]))
-        zs.append(z + prep.shift)
-        ys.append(y)
-        ts.append(order)
-    return fit_level_trend(torch.cat(zs), torch.cat(ys), torch.cat(ts),
-                           block_seconds=float(opts["block_seconds"]), alpha=float(opts["alpha"]),
-                           fit_alpha=float(opts["fit_alpha"]), min_blocks=int(opts["min_blocks"]),
-                           max_horizon=float(opts["max_horizon"]))
+    chunks = itertools.chain(prep.chunks("train", chunk_rows), prep.chunks("val", chunk_rows))
+    return model_level_trend(prep.model, chunks, prep.shift, **opts)
 
 
-def _logits_labels(prep: Prepared, split: str, chunk_rows: int, serving: bool = True
+def _logits_labels(prep: Prepared, split: str, chunk_rows: int
                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor]:
     """Click logits (float64), labels, request index, request time (or None) and serving logits
     of every impression of a split.
@@ -305,16 +294,14 @@ def _logits_labels(prep: Prepared, split: str, chunk_rows: int, serving: bool = 
     Scored where the labels were drawn: at the logged positions for a model with a position-bias
     tower (a calibrator fitted on serving scores against labels from all positions would fold
     the average position effect back into the pCTR); the serving logits (the reference slot) are
-    what the resemblance check compares with the scored data (``serving=False``: not computed,
-    the click logits stand in).
+    what the resemblance check compares with the scored data.
     """
     zs, ys, gs, ts, ss = [], [], [], [], []
     n_requests = 0
     for data in prep.chunks(split, chunk_rows):
         z = prep.model.predict_split(data, at_logged_position=True)[0].double()
         zs.append(z)
-        tower = serving and prep.model.position_bias is not None
-        ss.append(prep.model.predict_split(data)[0].double() if tower else z)
+        ss.append(prep.model.predict_split(data)[0].double() if prep.model.position_bias is not None else z)
         ys.append(data.label)
         rows = data.request_of_row()
         gs.append(rows + n_requests)

@@ -139,6 +139,7 @@ def train(cfg: DictConfig, *, splits=None) -> dict[str, Any]:
             # trainer.test restored the best weights into `model`; the final figures and their
             # intervals come from one set of per-request statistics of the test split
             result.update(final_figures(model, datamodule, **(cfg.get("intervals") or {})))
+            result["level_trend"] = training_level_trend(model, datamodule)
     if model.position_bias is not None:  # the best checkpoint's offsets (restored by trainer.test)
         if best is not None and not cfg.get("test_after_fit", True):
             model = HybridRanker.load_from_checkpoint(best, weights_only=True)
@@ -364,6 +365,19 @@ def final_statistics(model: HybridRanker, chunks: Iterable) -> dict[str, Any]:
     return out
 
 
+def training_level_trend(model: HybridRanker, datamodule) -> dict[str, Any]:
+    """The kept model's level trend over the training and validation rows, as ``hybridrank-export``
+    tests it with its defaults (:func:`~hybridrank.serving.level_trend.model_level_trend`; the
+    export repeats the test with its own options and after any downsampling correction). Reported
+    here so that a drifting click level shows at training time."""
+    import itertools
+
+    from hybridrank.serving.level_trend import model_level_trend
+
+    chunks = itertools.chain(datamodule.eval_chunks("train", 1 << 20), datamodule.eval_chunks("val", 1 << 20))
+    return model_level_trend(model, chunks).to_dict()
+
+
 def final_figures(model: HybridRanker, datamodule, *, n_boot: int = 0, alpha: float = 0.05,
                 seed: int = 0) -> dict[str, Any]:
     """The final test figures of a run: ``test`` (this model, keys ``test/...``), ``reference``
@@ -519,6 +533,12 @@ def _hydra_main(cfg: DictConfig) -> float | None:
     if dropped:
         print("unseen-value dropout (code 0 trained for values serving meets first): " + ", ".join(
             f"{c} {100 * i['dropped']:.1f} %" for c, i in dropped.items()))
+    if result.get("level_trend"):
+        from hybridrank.serving.level_trend import LevelTrend
+
+        trend = LevelTrend.from_dict(result["level_trend"])
+        print(("the click level drifts over the log; hybridrank-export follows it: " if trend.applied
+               else "click level over time: ") + trend.describe().removeprefix("level trend: "))
     print(f"wall time: {result['seconds']:.1f} s")
     # multirun sweepers (e.g. Optuna) minimise / maximise this value: cfg.optimized_metric
     return result.get("optimized_metric")

@@ -60,7 +60,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-__all__ = ["LevelTrend", "fit_level_trend", "block_gaps", "weighted_line", "DAY_SECONDS"]
+__all__ = ["LevelTrend", "fit_level_trend", "model_level_trend", "block_gaps", "weighted_line",
+           "DAY_SECONDS"]
 
 DAY_SECONDS = 86_400.0
 
@@ -307,3 +308,23 @@ def fit_level_trend(logits: Tensor, clicks: Tensor, time: Tensor | None, weights
                                    f"{seen.size} blocks"),
                           evidence=evidence, **base)
     return LevelTrend(verdict=verdict, evidence=evidence, **base)
+
+
+def model_level_trend(model, chunks, shift: float = 0.0, **options: Any) -> LevelTrend:
+    """:func:`fit_level_trend` of a model on whole requests: its click logits where the clicks were
+    drawn (at the logged slot for a position tower; ``model.predict_split(data,
+    at_logged_position=True)``) plus ``shift`` (a downsampling correction), against the labels,
+    at each impression's request time. ``chunks``: ``ListData`` pieces (e.g. the training and
+    validation splits); one without a time gives no trend. ``options``: as
+    :func:`fit_level_trend`."""
+    zs, ys, ts = [], [], []
+    for data in chunks:
+        if data.time is None:
+            return LevelTrend(verdict="the data has no time column",
+                              max_horizon=float(options.get("max_horizon", 0.25)))
+        zs.append(model.predict_split(data, at_logged_position=True)[0].double() + shift)
+        ys.append(data.label.double())
+        ts.append(data.time[data.request_of_row()].double())
+    if not zs:
+        return LevelTrend(verdict="no rows", max_horizon=float(options.get("max_horizon", 0.25)))
+    return fit_level_trend(torch.cat(zs), torch.cat(ys), torch.cat(ts), **options)
