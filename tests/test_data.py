@@ -494,6 +494,47 @@ def test_transform_matches_loop_reference(seed):
     assert sorted(set(ids)) == list(range(len(set(ids))))
 
 
+@given(seed=st.integers(0, 10_000), transform=st.sampled_from(["log", "identity"]))
+def test_position_feature_transform_matches_loop_reference(seed, transform):
+    """Position as a feature: log(position) (or the position as it is) per row, then the
+    train mean and population standard deviation, against a plain loop."""
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(2, 80))
+    df = pl.DataFrame({"req": rng.integers(0, 9, n), "pos": rng.integers(1, 200, n),
+                       "x": rng.normal(size=n), "y": rng.integers(0, 2, n).astype(float)})
+    cm = ColumnMap(request="req", label="y", position="pos", numeric=["x", "pos"],
+                   position_transform=transform)
+    schema = Schema.fit(df, cm, 1)
+    vals = [math.log(p) if transform == "log" else float(p) for p in df["pos"].to_list()]
+    mean = sum(vals) / n
+    sd = math.sqrt(sum((v - mean) ** 2 for v in vals) / n)
+    assert schema.mean[1] == pytest.approx(mean, rel=1e-9, abs=1e-12)
+    assert schema.std[1] == pytest.approx(sd if sd > 0 else 1.0, rel=1e-9, abs=1e-12)
+    data = schema.transform(df)
+    want = [((math.log(p) if transform == "log" else float(p)) - schema.mean[1]) / schema.std[1]
+            for p in data.position.tolist()]
+    np.testing.assert_allclose(data.num[:, 1].numpy(), want, rtol=1e-5, atol=1e-5)
+
+
+def test_position_transform_default_stored_and_refused():
+    cm = ColumnMap(request="r", label="y", position="p", numeric=["p"])
+    assert cm.position_transform == "log"
+    with pytest.raises(ValueError, match="position_transform='sqrt'"):
+        ColumnMap(request="r", label="y", position="p", position_transform="sqrt")
+    df = pl.DataFrame({"r": [1, 1, 1, 2, 2], "p": [1, 2, 3, 1, 40], "y": [1.0, 0, 0, 0, 1]})
+    logged = Schema.fit(df, cm, 1)
+    back = Schema.from_dict(json.loads(json.dumps(logged.to_dict())))
+    assert back == logged and back.columns.position_transform == "log"
+    # a schema stored before the key existed was trained on raw positions: it reads them raw
+    raw = Schema.fit(df, ColumnMap(**{**cm.to_dict(), "position_transform": "identity"}), 1)
+    old = raw.to_dict()
+    del old["columns"]["position_transform"]
+    again = Schema.from_dict(old)
+    assert again.columns.position_transform == "identity" and again == raw
+    assert torch.equal(again.transform(df).num, raw.transform(df).num)
+    assert not torch.equal(logged.transform(df).num, raw.transform(df).num)
+
+
 def test_transform_input_order_without_time_or_position():
     df = pl.DataFrame({"r": [3, 1, 3, 2, 1], "y": [0.0, 1, 1, 0, 0], "x": [1.0, 2, 3, 4, 5]})
     cm = ColumnMap(request="r", label="y", numeric=["x"])

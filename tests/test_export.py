@@ -260,6 +260,11 @@ def test_bad_inputs_fail_before_any_output(trained, sim_file, tmp_path):
     blocker.write_text("x")
     with pytest.raises(ValueError, match="blocker"):
         export(export_cfg(trained, blocker / "o.parquet", "calibrator=none"))
+    # a column-map override that would read the position feature another way
+    assert trained["model"].schema.columns.position_transform == "log"
+    with pytest.raises(ValueError, match="cannot change the model's features .*position_transform"):
+        export(export_cfg(trained, out, "calibrator=none", f"input={sim_file}",
+                          "columns={position_transform: identity}"))
     # data whose features differ from the model's
     cfg = export_cfg(trained, out, "calibrator=none", "data=clicklog",
                      f"data.source.path={sim_file}", "data.source.columns.numeric=[item_price]")

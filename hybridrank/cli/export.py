@@ -384,9 +384,10 @@ def input_chunks(model: HybridRanker, pattern: str, chunk_rows: int,
         raise ValueError(f"unknown column-map keys {unknown}; valid: {sorted(cm)}")
     cm.update(dict(overrides or {}))
     cm = ColumnMap.from_dict(cm)
-    if list(cm.numeric) != list(schema.numeric) or list(cm.categorical) != list(schema.categorical):
+    if (list(cm.numeric) != list(schema.numeric) or list(cm.categorical) != list(schema.categorical)
+            or cm.position_transform != schema.columns.position_transform):
         raise ValueError("columns overrides cannot change the model's features (numeric / "
-                         "categorical); map renamed columns in the file instead")
+                         "categorical / position_transform); map renamed columns in the file instead")
     roles = {c: "request id" for c in cm.request_columns}
     roles.update({c: "numeric feature" for c in cm.numeric})
     derived = cm.derived_columns()

@@ -42,6 +42,11 @@ TIME_FEATURES = {
 }
 
 
+#: How the mapped position column enters the features when it is a numeric feature
+#: (``ColumnMap.position_transform``): ``log`` or ``identity``.
+POSITION_TRANSFORMS = ("log", "identity")
+
+
 # ----------------------------------------------------------------------------------------------
 # Column map
 # ----------------------------------------------------------------------------------------------
@@ -75,6 +80,13 @@ class ColumnMap:
             file). A weekly or daily cycle in the click rate is then something the model can
             learn instead of a level it averages over (docs/BENCHMARKS.md, "Time features").
             The names are reserved: a file column of the same name is not read.
+        position_transform: how the ``position`` column enters the features when it is also
+            listed in ``numeric`` (position as a feature): ``"log"`` (the default) reads it as
+            ``log(position)`` before standardising, ``"identity"`` as it is. Click rates fall
+            steeply over the first slots and flatten deep in a list: standardised raw positions
+            of long lists put slots 1 and 2 a few hundredths of a standard deviation apart, and
+            a scorer smooths the top slots' effect away (docs/BENCHMARKS.md, "Position as a
+            feature"). Schemas stored without the key read ``"identity"`` (how they were trained).
     """
 
     request: str | list[str]
@@ -92,6 +104,7 @@ class ColumnMap:
     categorical: list[str] = field(default_factory=list)
     request_time_bucket: int | None = None
     time_features: list[str] = field(default_factory=list)
+    position_transform: str = "log"
 
     def __post_init__(self) -> None:
         if not isinstance(self.request, str):
@@ -115,6 +128,9 @@ class ColumnMap:
             raise ValueError(f"time_features lists a feature twice: {self.time_features}")
         if self.time_features and self.time is None:
             raise ValueError(f"time_features {self.time_features} need a `time` column")
+        if self.position_transform not in POSITION_TRANSFORMS:
+            raise ValueError(f"ColumnMap.position_transform={self.position_transform!r}; choose "
+                             f"from {list(POSITION_TRANSFORMS)}")
         # derived categoricals join the features (once: a stored map already lists them)
         self.categorical += [c for c in self.derived_columns() if c not in self.categorical]
         overlap = set(self.numeric) & set(self.categorical)

@@ -31,7 +31,7 @@ from hybridrank.data.vocab import (
 )
 from hybridrank.lists import ListData, lengths_to_offsets
 
-__all__ = ["Schema", "SchemaFit", "POLICY_DEFAULTS", "request_lists"]
+__all__ = ["Schema", "SchemaFit", "POLICY_DEFAULTS", "request_lists", "numeric_values"]
 
 log = logging.getLogger(__name__)
 
@@ -164,7 +164,9 @@ class Schema:
             numeric=tuple(d["numeric"]), categorical=tuple(d["categorical"]),
             vocab={str(c): tuple(str(x) for x in v) for c, v in d["vocab"].items()},
             mean=tuple(float(x) for x in d["mean"]), std=tuple(float(x) for x in d["std"]),
-            label_max=float(d["label_max"]), columns=ColumnMap.from_dict(d["columns"]),
+            label_max=float(d["label_max"]),
+            # schemas stored before position_transform existed read positions as they are
+            columns=ColumnMap.from_dict({"position_transform": "identity", **dict(d["columns"])}),
             **policies,
             vocab_policy={str(c): VocabPolicy.from_dict(p)
                           for c, p in (d.get("vocab_policy") or {}).items()},
@@ -211,8 +213,7 @@ class Schema:
         n = df.height
 
         if self.numeric:
-            x = df.select([pl.col(c).cast(pl.Float64) for c in self.numeric]).to_numpy()
-            x = (x - np.asarray(self.mean)) / np.asarray(self.std)
+            x = (numeric_values(df, cm) - np.asarray(self.mean)) / np.asarray(self.std)
             if not np.isfinite(x).all():
                 bad = [c for c, ok in zip(self.numeric, np.isfinite(x).all(axis=0)) if not ok]
                 raise ValueError(f"Schema.transform: missing/NaN/inf values in numeric {bad}; "
@@ -245,6 +246,21 @@ class Schema:
         return data, {"oov": oov}
 
 
+
+
+def numeric_values(frame: pl.DataFrame, columns: ColumnMap) -> np.ndarray:
+    """The numeric features of a frame, ``[rows, len(columns.numeric)]`` float64, before
+    standardising: each column cast to float, the position column (when it is a feature) as
+    ``log(position)`` under ``position_transform="log"``. The one reader of numeric features,
+    for the scaler's fit and for every transform.
+
+    >>> cm = ColumnMap(request="r", label="y", position="pos", numeric=["pos", "x"])
+    >>> numeric_values(pl.DataFrame({"pos": [1, 4], "x": [2, 3]}), cm).round(3).tolist()
+    [[0.0, 2.0], [1.386, 3.0]]
+    """
+    logged = columns.position if columns.position_transform == "log" else None
+    return frame.select([pl.col(c).cast(pl.Float64).log() if c == logged else pl.col(c).cast(pl.Float64)
+                         for c in columns.numeric]).to_numpy()
 
 
 # ----------------------------------------------------------------------------------------------
@@ -364,7 +380,7 @@ class SchemaFit:
             return
         num = list(self.columns.numeric)
         if num and self.normalize:
-            x = frame.select([pl.col(c).cast(pl.Float64) for c in num]).to_numpy()
+            x = numeric_values(frame, self.columns)
             mk = x.mean(axis=0)
             m2k = ((x - mk) ** 2).sum(axis=0)
             delta = mk - self._mean
