@@ -351,6 +351,9 @@ def evaluate_run(w: dict[str, Any], name: str, run: dict, scratch: Path) -> dict
             inside = [lo[j] <= world.offsets[j + 1] <= hi[j] for j in range(1, top)
                       if j < len(lo) and lo[j] is not None and hi[j] is not None]
             row["offsets_covered"] = f"{sum(inside)}/{len(inside)}" if inside else None
+        level = info.get("serving_level")
+        if level:  # the serving level's interval; its coverage is read below, against pcoc_ref_none
+            row["level_lo"], row["level_hi"] = level["interval_logit"]
         ident = info.get("identifiability") or {}
         row["identified"] = ident.get("identified")
         row["precise"] = ident.get("precise")
@@ -363,6 +366,10 @@ def evaluate_run(w: dict[str, Any], name: str, run: dict, scratch: Path) -> dict
     row["pcoc_ref"] = float(ref_auto.sum() / p_ref.sum())
     row["pcoc_ref_none"] = float(ref_none.sum() / p_ref.sum())
     row["pcoc_static"] = float(ref_static.sum() / p_ref.sum())  # without the level trend
+    if "level_lo" in row:
+        # held when the true level, about the estimate's minus log PCOC at a small click rate,
+        # lies in [estimate + lo, estimate + hi]
+        row["level_covered"] = bool(-row["level_hi"] <= math.log(row["pcoc_ref_none"]) <= -row["level_lo"])
     trend = meta.get("level_trend") or {}
     row["trend"] = trend.get("slope_per_day") if trend.get("applied") else None
     row["trend_verdict"] = trend.get("verdict")
@@ -442,9 +449,10 @@ def aggregate(results: Sequence[Mapping[str, Any]]) -> str:
             by.setdefault(row["variant"], []).append({**row, "_world": r})
     lines = ["| variant | worlds | median excess | median NDCG gap | PCOC@ref in [0.95, 1.05] | "
              "... where the drift floor is in [0.97, 1.03] | ... where the floor (drift and clicks) is | "
-             "offsets within 0.1 | offsets within 0.2 | diagnosis fired (unidentifiable / identifiable) | "
+             "offsets within 0.1 | offsets within 0.2 | level interval holds the truth | "
+             "diagnosis fired (unidentifiable / identifiable) | "
              "auto > 1 SE worse | median welfare | stopped on criterion |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, rows in by.items():
         def share(pred, pool=rows):
             pool = [x for x in pool if pred(x) is not None]
@@ -468,6 +476,7 @@ def aggregate(results: Sequence[Mapping[str, Any]]) -> str:
             f"{share(lambda x: 0.95 <= x['pcoc_ref'] <= 1.05, reachable)} | "
             f"{share(lambda x: None if x.get('offset_err') is None else x['offset_err'] <= 0.1, identifiable)} | "
             f"{share(lambda x: None if x.get('offset_err') is None else x['offset_err'] <= 0.2, identifiable)} | "
+            f"{share(lambda x: x.get('level_covered'), identifiable)} | "
             f"{share(lambda x: None if x.get('identified') is None else not x['identified'], unidentifiable)}"
             f" / {share(lambda x: None if x.get('identified') is None else not x['identified'], identifiable)} | "
             f"{share(lambda x: None if x.get('d_ll') is None else x['d_ll'] > x['d_ll_se'])} | "

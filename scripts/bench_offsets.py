@@ -69,13 +69,14 @@ def _sigmoid(z: np.ndarray) -> np.ndarray:
 
 def fit_offsets(position: np.ndarray, relevance: np.ndarray, click: np.ndarray, request: np.ndarray,
                 max_iter: int = 60, tol: float = 1e-5, explore: np.ndarray | None = None,
-                **switches: bool) -> tuple[np.ndarray, float]:
+                n_boot: int = 0, **switches: bool) -> tuple[np.ndarray, float, dict | None]:
     """The tower's offsets and the intercept shift at their fixed point, given ``relevance``
     (position-free logits of each row): each round accumulates every row once (one "epoch")
     and takes :meth:`PositionBias.update`, whose reference step moves the intercept.
     ``explore``: 0/1 per row, the requests marked as exploration (the offsets then come from
-    them alone, and the intercept from every click given the offsets)."""
-    tower = PositionBias(n_boot=0, **switches)
+    them alone, and the intercept from every click given the offsets). With ``n_boot``, the
+    third value is the tower's serving-level interval (:meth:`PositionBias.level_interval`)."""
+    tower = PositionBias(n_boot=n_boot, **switches)
     pos = torch.from_numpy(position.astype(np.int64))
     rel = torch.from_numpy(relevance.astype(np.float64))
     y = torch.from_numpy(click.astype(np.float64))
@@ -88,7 +89,11 @@ def fit_offsets(position: np.ndarray, relevance: np.ndarray, click: np.ndarray, 
         shift += ref_step
         if change < tol and abs(ref_step) < tol:
             break
-    return np.asarray(tower.offsets(), dtype=np.float64), shift
+    return np.asarray(tower.offsets(), dtype=np.float64), shift, tower.level_interval()
+
+
+#: bootstrap replicates of the shipped rows (the serving level's interval and its coverage)
+N_BOOT = 100
 
 
 def world_row(seed: int, size: str = "small", **pins: Any) -> dict[str, Any]:
@@ -116,27 +121,37 @@ def world_row(seed: int, size: str = "small", **pins: Any) -> dict[str, Any]:
     truth = np.asarray(world.offsets, dtype=np.float64)  # truth[j]: slot j (index 0 unused)
     top = int(min(10, world.spec.max_len))
     for name, (switches, marked) in ESTIMATORS.items():
-        off, shift = fit_offsets(train[pos_c].to_numpy(), _logit(train["true_p_ref"].to_numpy()),
-                                 click, train[req].to_numpy(), explore=explore if marked else None,
-                                 **switches)
+        boot = N_BOOT if name.startswith("shipped") else 0
+        off, shift, level = fit_offsets(train[pos_c].to_numpy(), _logit(train["true_p_ref"].to_numpy()),
+                                        click, train[req].to_numpy(), explore=explore if marked else None,
+                                        n_boot=boot, **switches)
         err = float(np.max(np.abs(off[1:top] - truth[2:top + 1]))) if top >= 2 else 0.0
         row[name] = {"pcoc": pcoc(shift), "offset_err": err}
+        if level is not None:
+            # the estimate's level error is `shift` (the relevance is the truth): covered when
+            # the true level, estimate - shift, lies in [estimate + lo, estimate + hi]
+            lo, hi = level["interval_logit"]
+            row[name].update(level_lo=lo, level_hi=hi, level_covered=bool(-hi <= shift <= -lo))
     return row
 
 
 def aggregate(rows: list[dict[str, Any]]) -> str:
     n = len(rows)
-    out = ["| estimator | PCOC@ref in [0.95, 1.05] | RMS log PCOC | offsets within 0.1 | within 0.2 |",
-           "|---|---|---|---|---|"]
+    out = ["| estimator | PCOC@ref in [0.95, 1.05] | RMS log PCOC | offsets within 0.1 | within 0.2 "
+           "| level interval covers the truth | median half-width (logit) |",
+           "|---|---|---|---|---|---|---|"]
     floor = np.log([r["floor"] for r in rows])
     out.append(f"| floor (true offsets, true relevance) | {int(np.sum(np.abs(np.exp(floor) - 1) <= 0.05))}/{n} "
-               f"| {math.sqrt(float(np.mean(floor ** 2))):.3f} | - | - |")
+               f"| {math.sqrt(float(np.mean(floor ** 2))):.3f} | - | - | - | - |")
     for name in ESTIMATORS:
         lp = np.log([r[name]["pcoc"] for r in rows])
         err = np.array([r[name]["offset_err"] for r in rows])
+        cov = [r[name]["level_covered"] for r in rows if "level_covered" in r[name]]
+        half = [(r[name]["level_hi"] - r[name]["level_lo"]) / 2 for r in rows if "level_hi" in r[name]]
         out.append(f"| {name} | {int(np.sum(np.abs(np.exp(lp) - 1) <= 0.05))}/{n} "
                    f"| {math.sqrt(float(np.mean(lp ** 2))):.3f} | {int(np.sum(err <= 0.1))}/{n} "
-                   f"| {int(np.sum(err <= 0.2))}/{n} |")
+                   f"| {int(np.sum(err <= 0.2))}/{n} | "
+                   + (f"{sum(cov)}/{len(cov)} | {float(np.median(half)):.3f} |" if cov else "- | - |"))
     return "\n".join(out)
 
 

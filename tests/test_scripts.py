@@ -4,6 +4,7 @@ runs; a missing optional dependency is an error; the one way the scripts train i
 from __future__ import annotations
 
 import hashlib
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -137,6 +138,9 @@ def test_generalization_bench_on_a_small_random_world(script, tmp_path):
     assert 0.8 < row["pcoc_ref"] < 1.25, row
     assert row["excess"] > 0 and 0 < row["welfare"] <= 1.0 + 1e-9, row
     assert "| 4000 | tower |" in p.stdout  # the per-world table is printed
+    # the export's serving-level interval, and whether it held the truth (its own rule)
+    assert row["level_lo"] < row["level_hi"], row
+    assert row["level_covered"] == (-row["level_hi"] <= math.log(row["pcoc_ref_none"]) <= -row["level_lo"])
     # the seen / unseen items split the test rows: the whole PCOC lies between the two parts'
     assert 0 <= row["new_share"] <= 1
     if row["pcoc_new"] is not None:
@@ -225,9 +229,10 @@ def test_offsets_bench_recovers_known_offsets_and_its_floor_solves_the_click_equ
     req = np.repeat(np.arange(n_req), slots)
     rel = rng.normal(-2.0, 0.8, pos.size)
     click = (rng.random(pos.size) < BO._sigmoid(rel + true[pos - 1] + 0.2)).astype(np.float64)
-    off, shift = BO.fit_offsets(pos, rel, click, req)
+    off, shift, level = BO.fit_offsets(pos, rel, click, req)
     assert np.max(np.abs(off[:slots] - true)) < 0.06, off[:slots]
     assert shift == pytest.approx(0.2, abs=0.04)
+    assert level is None  # no bootstrap asked for
 
     row = BO.world_row(4000, size="tiny")
     assert 0.8 < row["floor"] < 1.25 and row["clicks"] > 0
@@ -242,6 +247,13 @@ def test_offsets_bench_recovers_known_offsets_and_its_floor_solves_the_click_equ
     train, _, test = split_frame(world.frame, ColumnMap(**world.columns), **BG.SPLIT)
     assert BG.floor(world, train, test) == pytest.approx(BO.world_row(4000, size="tiny", drift="none")["floor"])
     assert set(BO.ESTIMATORS) <= set(row) and all(r["offset_err"] >= 0 for k, r in row.items() if k in BO.ESTIMATORS)
+    # the shipped rows carry the serving level's interval and whether it holds the true level
+    lo, hi = row["shipped"]["level_lo"], row["shipped"]["level_hi"]
+    shift = np.log(row["shipped"]["pcoc"])  # about the level's error at a small click rate
+    assert lo < hi and isinstance(row["shipped"]["level_covered"], bool)
+    assert "level_lo" not in row["no_pool"]
+    if abs(shift) < 0.5 * min(-lo, hi):
+        assert row["shipped"]["level_covered"]
 
 
 def test_level_trend_bench_follows_a_linear_drift_and_leaves_a_flat_level(monkeypatch):

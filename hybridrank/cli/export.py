@@ -34,7 +34,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from hybridrank.atomic import check_writable
 from hybridrank.cli._app import cli_errors, hydra_job, quiet_third_party
-from hybridrank.cli.train import CONF_DIR, ONE_SIDED_MARK, OUTSIDE_MARK, interval_cell
+from hybridrank.cli.train import CONF_DIR, ONE_SIDED_MARK, OUTSIDE_MARK, interval_cell, level_sentence
 from hybridrank.data.fingerprint import check_fingerprint
 from hybridrank.data.sources import Source
 from hybridrank.lists import ListData
@@ -346,6 +346,8 @@ def position_bias_info(model: HybridRanker) -> dict | None:
     note = ("pctr is the click probability at reference_position; at slot j an auction's expected "
             "CTR is sigmoid(logit(pctr) + logit_offsets[j - 1]) (positions above max_position share "
             "its offset)")
+    if report.get("serving_level"):
+        note += "; " + level_sentence(report["serving_level"])
     ident = report.get("identifiability") or {}
     if ident.get("identified") is False:
         note += ("; WARNING: the position effect is NOT identified by the training log, so this "

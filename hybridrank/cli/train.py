@@ -502,10 +502,21 @@ def format_offsets(report: Mapping[str, Any], max_rows: int = 10) -> str:
     if report.get("last_change") is not None:
         lines.append(f"  {report['updates']} updates; the last moved an offset by at most "
                      f"{report['last_change']:.4f}")
+    level = report.get("serving_level")
+    if level:
+        lines.append("  " + level_sentence(level))
     ident = report.get("identifiability") or {}
     if ident.get("verdict"):
         lines.append(f"  position effect {ident['verdict']}")
     return "\n".join(lines)
+
+
+def level_sentence(level: Mapping[str, Any]) -> str:
+    """One line on the serving level's interval (:meth:`PositionBias.level_interval`)."""
+    lo, hi = level["ctr_factor"]
+    return (f"serving level: the true top-slot CTR lies within pctr x [{lo:.2f}, {hi:.2f}] "
+            f"({100 * (1 - level['alpha']):.0f} %; the clicks' sampling error given the model, "
+            f"not the model's own error nor drift)")
 
 
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="config")
