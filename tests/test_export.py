@@ -265,6 +265,8 @@ def test_bad_inputs_fail_before_any_output(trained, sim_file, tmp_path):
     with pytest.raises(ValueError, match="cannot change the model's features .*position_transform"):
         export(export_cfg(trained, out, "calibrator=none", f"input={sim_file}",
                           "columns={position_transform: identity}"))
+    with pytest.raises(ValueError, match="cannot change the model's features"):  # the feature is position's
+        export(export_cfg(trained, out, "calibrator=none", f"input={sim_file}", "columns={position: item_pop}"))
     # data whose features differ from the model's
     cfg = export_cfg(trained, out, "calibrator=none", "data=clicklog",
                      f"data.source.path={sim_file}", "data.source.columns.numeric=[item_price]")

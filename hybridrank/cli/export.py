@@ -386,10 +386,13 @@ def input_chunks(model: HybridRanker, pattern: str, chunk_rows: int,
         raise ValueError(f"unknown column-map keys {unknown}; valid: {sorted(cm)}")
     cm.update(dict(overrides or {}))
     cm = ColumnMap.from_dict(cm)
+    # the position feature is read through the position role (log(position)): not renamed apart
+    moved = schema.columns.position in schema.numeric and cm.position != schema.columns.position
     if (list(cm.numeric) != list(schema.numeric) or list(cm.categorical) != list(schema.categorical)
-            or cm.position_transform != schema.columns.position_transform):
+            or cm.position_transform != schema.columns.position_transform or moved):
         raise ValueError("columns overrides cannot change the model's features (numeric / "
-                         "categorical / position_transform); map renamed columns in the file instead")
+                         "categorical / position_transform, or the position column when it is a "
+                         "feature); map renamed columns in the file instead")
     roles = {c: "request id" for c in cm.request_columns}
     roles.update({c: "numeric feature" for c in cm.numeric})
     derived = cm.derived_columns()
