@@ -261,7 +261,7 @@ class PositionBias(nn.Module):
 
     def __init__(self, max_position: int = 50, reference_position: int = 1, tail: str = "share",
                  n_boot: int = 100, alpha: float = 0.05, seed: int = 0, max_ipw: float = 100.0,
-                 monotone: bool = True, pool: bool = True, refit: bool = True):
+                 monotone: bool = True, pool: bool = True, refit: bool = True, blend: bool = True):
         super().__init__()
         if int(max_position) < 1 or not 1 <= int(reference_position) <= int(max_position):
             raise ValueError(f"reference_position={reference_position} must lie in "
@@ -278,6 +278,7 @@ class PositionBias(nn.Module):
         self.monotone = bool(monotone)
         self.pool = bool(pool)
         self.refit = bool(refit)
+        self.blend = bool(blend)
         s, k = self.max_position, self.n_boot
         f64 = torch.float64
         self.register_buffer("offset", torch.zeros(s))                   # b_j (float32 for serving)
@@ -286,6 +287,10 @@ class PositionBias(nn.Module):
         # the same over the identifying traffic (exploration requests, or IPW-weighted impressions)
         self.register_buffer("sums_x", torch.zeros(3, s, dtype=f64))
         self.register_buffer("boot_sums_x", torch.zeros(3, k, s, dtype=f64))
+        # the exploration sums split in two halves of the requests (``blend``'s held-out check)
+        self.register_buffer("fold_sums_x", torch.zeros(2, 3, s, dtype=f64))
+        # the blend's weight on the exploration offsets at the last update (NaN: not blended)
+        self.register_buffer("blend_weight", torch.full((), math.nan, dtype=f64))
         # diagnosis of this epoch / of the last update: Σ rank correlation, its Σ of squares,
         # requests it was measured on, exploration requests, all requests
         self.register_buffer("diag", torch.zeros(2, 5, dtype=f64))
@@ -362,6 +367,15 @@ class PositionBias(nn.Module):
         if xw is not None:
             self.sums_x.index_add_(1, slot, vals * xw)
             self.x_kind.fill_(2 if propensity is not None else 1)
+            if self.blend and propensity is None:
+                # every request falls in one of two halves (its own generator: the bootstrap's
+                # weights stay as they were)
+                req = torch.arange(y.numel(), device=y.device) if request is None else request.long()
+                n_req = int(req.max()) + 1 if req.numel() else 0
+                g = torch.Generator().manual_seed(self.seed * 1_000_003 + int(step) + 500_009)
+                half = torch.randint(0, 2, (n_req,), generator=g).to(y.device)[req]
+                self.fold_sums_x.view(6, -1).index_add_(
+                    1, slot, torch.cat([vals * xw * (half == 0), vals * xw * (half == 1)]))
         if self.n_boot:
             req = torch.arange(y.numel(), device=y.device) if request is None else request.long()
             n_req = int(req.max()) + 1 if req.numel() else 0
@@ -412,27 +426,28 @@ class PositionBias(nn.Module):
         identifying = float(sums_x[2, ref]) > 0 and int((sums_x[2] > 0).sum()) >= 2
         fit_sums, fit_boot = (sums_x, boot_x) if identifying else (sums, boot)
         est = (sums_x[2] > 0) if identifying else (seen > 0)
-        step = slot_logit_step(*fit_sums)
-        # information of each slot's offset (expected clicks x non-clicks over impressions)
-        info = _information(fit_sums)
-        # each slot's own click logit (relative to the current intercept), pooled toward a curve
-        level = self._pool(old + step, info, est)
-        raw = level - level[ref]
-        new = self._fill_unseen(self._shape(raw, info, est), est)
+        new, level, step, info = self._fit(fit_sums, est, old)
+        fit_est, weight = est, math.nan
+        if identifying and self.blend and int(self.x_kind) == 1:
+            # exploration requests: mixed with all traffic's offsets by held-out exploration clicks
+            folds = self.fold_sums_x.clone() if reduce is None else reduce(self.fold_sums_x.clone())
+            weight = self._blend_weight(sums, folds, old, seen > 0)
+            if weight < 1:
+                est = est | (seen > 0)
+                new = weight * new + (1 - weight) * self._fit(sums, seen > 0, old)[0]
         if self.n_boot:
-            bstep = slot_logit_step(*fit_boot)                                 # [K, S]
-            binfo = _information(fit_boot)
-            reps = [self._pool(old + b, i, est) for b, i in zip(bstep, binfo)]
-            self.boot_offset.copy_(torch.stack([
-                self._fill_unseen(self._shape(r - r[ref], info, est), est) for r in reps]))
+            boot_off, reps, free = self._replicates(fit_boot, info, fit_est, old)
+            if weight < 1:  # the blend's replicates: the same weight on each side's replicates
+                off_all, _, free_all = self._replicates(boot, _information(sums), seen > 0, old)
+                boot_off = weight * boot_off + (1 - weight) * off_all
+                free = weight * free + (1 - weight) * free_all
+            self.boot_offset.copy_(boot_off)
             bounds = self._percentiles(self.boot_offset)
             if self.pool:
                 # pooled replicates are only as right as the curve: when the slots' spread around
                 # it comes out as zero, a replicate is the curve alone, and its interval is as
                 # narrow as a three-parameter fit's even where the curve is off. The interval is
                 # the hull of the pooled one and the per-slot one (valid without the curve)
-                free = torch.stack([self._fill_unseen(self._shape(r, info, est), est)
-                                    for r in old + bstep - bstep[:, ref:ref + 1]])
                 per_slot = self._percentiles(free)
                 bounds = torch.stack([torch.minimum(bounds[0], per_slot[0]),
                                       torch.maximum(bounds[1], per_slot[1])])
@@ -453,7 +468,7 @@ class PositionBias(nn.Module):
             else:
                 lb = self._percentiles(torch.stack([r[ref] for r in reps]) - level[ref])
                 if self.pool:
-                    own = self._percentiles(bstep[:, ref] - step[ref])
+                    own = self._percentiles(slot_logit_step(*fit_boot)[:, ref] - step[ref])
                     lb = torch.stack([torch.minimum(lb[0], own[0]), torch.maximum(lb[1], own[1])])
             self.level_bounds.copy_(lb)
         self.mode.fill_(int(self.x_kind) if identifying else 0)
@@ -461,6 +476,8 @@ class PositionBias(nn.Module):
         self.diag[0] = 0
         self.sums_x.zero_()
         self.boot_sums_x.zero_()
+        self.fold_sums_x.zero_()
+        self.blend_weight.fill_(weight)
         self.estimated.copy_(est)
         change = float((new - old)[est].abs().max()) if bool(est.any()) else 0.0
         self.offset.copy_(new.to(self.offset.dtype))
@@ -474,6 +491,62 @@ class PositionBias(nn.Module):
         self.last_change.fill_(change)
         return change, ref_step
 
+    def _fit(self, fit_sums: torch.Tensor, est: torch.Tensor, old: torch.Tensor
+             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Offsets from sums ``[3, S]``: ``(offsets, pooled click logits, per-slot step,
+        information)`` (the exact step, pooled, made monotone, unseen slots filled)."""
+        step = slot_logit_step(*fit_sums)
+        # information of each slot's offset (expected clicks x non-clicks over impressions)
+        info = _information(fit_sums)
+        # each slot's own click logit (relative to the current intercept), pooled toward a curve
+        level = self._pool(old + step, info, est)
+        ref = self.reference_position - 1
+        return self._fill_unseen(self._shape(level - level[ref], info, est), est), level, step, info
+
+    def _replicates(self, fit_boot: torch.Tensor, info: torch.Tensor, est: torch.Tensor,
+                    old: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor], torch.Tensor]:
+        """The bootstrap replicates' offsets ``[K, S]``, pooled click logits (K of ``[S]``) and
+        per-slot (unpooled) offsets ``[K, S]`` from replicate sums ``[3, K, S]``."""
+        ref = self.reference_position - 1
+        bstep = slot_logit_step(*fit_boot)                                     # [K, S]
+        reps = [self._pool(old + b, i, est) for b, i in zip(bstep, _information(fit_boot))]
+        offs = torch.stack([self._fill_unseen(self._shape(r - r[ref], info, est), est) for r in reps])
+        free = torch.stack([self._fill_unseen(self._shape(r, info, est), est)
+                            for r in old + bstep - bstep[:, ref:ref + 1]])
+        return offs, reps, free
+
+    def _blend_weight(self, sums: torch.Tensor, folds: torch.Tensor, old: torch.Tensor,
+                      seen: torch.Tensor) -> float:
+        """The weight ``λ`` (0, 0.1, ..., 1) on the exploration offsets, ``1 - λ`` on all traffic's,
+        that best predicts held-out exploration clicks.
+
+        Exploration offsets are unbiased and, with few exploration clicks, noisy; all traffic's
+        are precise and biased by as much relevance as the features leave unexplained in a
+        sorted log. Which costs more is a property of the log, so it is measured on it: two-fold
+        cross-validation over the exploration requests. Each half is held out in turn; the
+        exploration offsets are fitted on the other half, all traffic's on everything but the
+        held-out half, and every mix is scored by the held-out half's per-slot click likelihood
+        (Poisson, the predicted clicks of slot ``j`` scaled by ``exp(offset_j - current_j)``, one
+        common level fitted, since the level is the relevance model's). Ties go to the larger
+        ``λ`` (the unbiased side). It needs no variance of either estimate, which is what a
+        shrinkage weight would need and what a pooled, monotone estimate does not have. A half
+        without clicks in the reference slot: ``λ = 1``."""
+        ref = self.reference_position - 1
+        grid = torch.linspace(0, 1, 11, dtype=torch.float64)
+        total = torch.zeros_like(grid)
+        for k in (0, 1):
+            held, train = folds[k], folds[1 - k]
+            if float(train[2, ref]) <= 0 or int((train[2] > 0).sum()) < 2 or float(held[0].sum()) <= 0:
+                return 1.0
+            u = self._fit(train, train[2] > 0, old)[0]
+            o = self._fit(sums - held, seen, old)[0]
+            mix = grid[:, None] * u + (1 - grid[:, None]) * o                   # [G, S]
+            y, p = held[0], held[1] * torch.exp(mix - old)                      # [S], [G, S]
+            c = torch.log(y.sum() / p.sum(1).clamp(min=1e-300))                # the common level
+            total += (y * (mix - old)).sum(1) + y.sum() * c - (p.sum(1) * torch.exp(c))
+        best = torch.nonzero(total >= total.max() - 1e-9).reshape(-1).max()
+        return float(grid[best])
+
     def _percentiles(self, reps: torch.Tensor) -> torch.Tensor:
         """``[2, S]`` percentile interval of replicate offsets ``[K, S]`` at level ``1 - alpha``."""
         return torch.quantile(reps, torch.tensor([self.alpha / 2, 1 - self.alpha / 2],
@@ -483,6 +556,8 @@ class PositionBias(nn.Module):
         # checkpoints written before the interval buffer existed load with it unset (NaN)
         state_dict.setdefault(prefix + "bounds", torch.full_like(self.bounds, math.nan))
         state_dict.setdefault(prefix + "level_bounds", torch.full_like(self.level_bounds, math.nan))
+        state_dict.setdefault(prefix + "fold_sums_x", torch.zeros_like(self.fold_sums_x))
+        state_dict.setdefault(prefix + "blend_weight", torch.full_like(self.blend_weight, math.nan))
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     def _pool(self, level: torch.Tensor, info: torch.Tensor, est: torch.Tensor) -> torch.Tensor:
@@ -654,6 +729,9 @@ class PositionBias(nn.Module):
         return {
             "reference_position": self.reference_position, "max_position": self.max_position,
             "tail": self.tail, "monotone": self.monotone, "pool": self.pool, "refit": self.refit,
+            # the weight on the exploration requests' offsets (the rest on all traffic's; None:
+            # no blend, the offsets came from one kind of traffic)
+            "blend_weight": None if math.isnan(float(self.blend_weight)) else float(self.blend_weight),
             "estimator": ("per-slot exact update each epoch (regression-EM step)"
                           + (", pooled toward a curve in log(slot) (empirical Bayes)" if self.pool else "")),
             "logit_offsets": self.offsets(),
