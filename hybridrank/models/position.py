@@ -58,7 +58,12 @@ Two things identify the offsets there, and the tower uses them when the data has
 - **exploration traffic**: requests shown in random order, marked by a column. The offsets'
   update then uses the sums of the exploration impressions only (where slot and relevance are
   independent), while the relevance model learns from every impression with the offsets fixed;
-  the intervals come from the exploration traffic alone and say how little of it there is;
+  the intervals come from the exploration traffic alone and say how little of it there is.
+  With ``blend`` (the default) those offsets are mixed with all traffic's, which are precise and
+  biased by whatever relevance the features leave unexplained: the weight is the one that best
+  predicts held-out exploration clicks (two-fold cross-validation over the exploration requests,
+  :meth:`PositionBias._blend_weight`), so a log whose features explain its order leans on all
+  the traffic, and one whose order they do not explain keeps the exploration offsets;
 - **logging propensities**: the probability that the logging policy put the item in its slot. The
   sums are then inverse-propensity weighted (self-normalised per slot, weights capped at
   ``max_ipw``), which re-weights the log toward a uniformly random placement.
@@ -110,6 +115,7 @@ PRECISION_SLOTS = 10
 #: 2026-11-27 it made exploration traffic "NOT identified", so a random-order log whose requests
 #: were all marked as exploration was flagged while the same log unmarked was not; world 1002)
 MIN_IDENTIFYING_CLICKS = 20
+BLEND_FOLDS = 5
 
 
 def within_request_rank_correlation(position: torch.Tensor, relevance: torch.Tensor,
@@ -250,6 +256,9 @@ class PositionBias(nn.Module):
             the weights still move, which spread less than the final model's: on randomly built
             logs with many clicks that left the deep slots' offsets about 0.05 logit too close to
             zero (docs/BENCHMARKS.md, "Random-order worlds at 400k impressions").
+        blend: with exploration requests, mix their offsets with all traffic's by the weight
+            (0, 0.1, ..., 1 on the exploration side) that best predicts held-out exploration
+            clicks (:meth:`_blend_weight`); ``False``: the exploration requests' alone.
 
     ``forward(position [B]) -> [B]`` offsets; training calls :meth:`accumulate` per batch and
     :meth:`update` once per epoch (``HybridRanker`` does both).
@@ -288,7 +297,7 @@ class PositionBias(nn.Module):
         self.register_buffer("sums_x", torch.zeros(3, s, dtype=f64))
         self.register_buffer("boot_sums_x", torch.zeros(3, k, s, dtype=f64))
         # the exploration sums split in two halves of the requests (``blend``'s held-out check)
-        self.register_buffer("fold_sums_x", torch.zeros(2, 3, s, dtype=f64))
+        self.register_buffer("fold_sums_x", torch.zeros(BLEND_FOLDS, 3, s, dtype=f64))
         # the blend's weight on the exploration offsets at the last update (NaN: not blended)
         self.register_buffer("blend_weight", torch.full((), math.nan, dtype=f64))
         # diagnosis of this epoch / of the last update: Σ rank correlation, its Σ of squares,
@@ -373,9 +382,9 @@ class PositionBias(nn.Module):
                 req = torch.arange(y.numel(), device=y.device) if request is None else request.long()
                 n_req = int(req.max()) + 1 if req.numel() else 0
                 g = torch.Generator().manual_seed(self.seed * 1_000_003 + int(step) + 500_009)
-                half = torch.randint(0, 2, (n_req,), generator=g).to(y.device)[req]
-                self.fold_sums_x.view(6, -1).index_add_(
-                    1, slot, torch.cat([vals * xw * (half == 0), vals * xw * (half == 1)]))
+                fold = torch.randint(0, BLEND_FOLDS, (n_req,), generator=g).to(y.device)[req]
+                self.fold_sums_x.view(BLEND_FOLDS * 3, -1).index_add_(
+                    1, slot, torch.cat([vals * xw * (fold == k) for k in range(BLEND_FOLDS)]))
         if self.n_boot:
             req = torch.arange(y.numel(), device=y.device) if request is None else request.long()
             n_req = int(req.max()) + 1 if req.numel() else 0
@@ -518,24 +527,31 @@ class PositionBias(nn.Module):
     def _blend_weight(self, sums: torch.Tensor, folds: torch.Tensor, old: torch.Tensor,
                       seen: torch.Tensor) -> float:
         """The weight ``λ`` (0, 0.1, ..., 1) on the exploration offsets, ``1 - λ`` on all traffic's,
-        that best predicts held-out exploration clicks.
+        by how well each mix predicts held-out exploration clicks.
 
         Exploration offsets are unbiased and, with few exploration clicks, noisy; all traffic's
         are precise and biased by as much relevance as the features leave unexplained in a
-        sorted log. Which costs more is a property of the log, so it is measured on it: two-fold
-        cross-validation over the exploration requests. Each half is held out in turn; the
-        exploration offsets are fitted on the other half, all traffic's on everything but the
-        held-out half, and every mix is scored by the held-out half's per-slot click likelihood
-        (Poisson, the predicted clicks of slot ``j`` scaled by ``exp(offset_j - current_j)``, one
-        common level fitted, since the level is the relevance model's). Ties go to the larger
-        ``λ`` (the unbiased side). It needs no variance of either estimate, which is what a
-        shrinkage weight would need and what a pooled, monotone estimate does not have. A half
-        without clicks in the reference slot: ``λ = 1``."""
+        sorted log. Which costs more is a property of the log, so it is measured on it:
+        ``BLEND_FOLDS``-fold cross-validation over the exploration requests. Each fold is held out
+        in turn; the exploration offsets are fitted on the other folds, all traffic's on
+        everything but the held-out fold, and every mix is scored by the held-out fold's per-slot
+        click likelihood (Poisson: the predicted clicks of slot ``j`` scaled by
+        ``exp(offset_j - current_j)``, with one common level fitted, since the level is the
+        relevance model's). No variance of either estimate is needed (a shrinkage weight needs
+        one, and a pooled, monotone estimate does not have a trustworthy one).
+
+        The errors are not symmetric: leaning on all traffic where the log is confounded costs
+        its whole bias, keeping the exploration offsets where it is not costs their noise. So the
+        weight is the largest whose summed score is within one standard error of the best (the
+        one-standard-error rule, the error from the folds' paired differences): the data must
+        show that all traffic predicts the exploration clicks better before it is trusted. A fold
+        without clicks, or whose complement has none in the reference slot: ``λ = 1``."""
         ref = self.reference_position - 1
         grid = torch.linspace(0, 1, 11, dtype=torch.float64)
-        total = torch.zeros_like(grid)
-        for k in (0, 1):
-            held, train = folds[k], folds[1 - k]
+        scores = []                                                              # [K][G]
+        for k in range(folds.shape[0]):
+            held = folds[k]
+            train = folds.sum(0) - held
             if float(train[2, ref]) <= 0 or int((train[2] > 0).sum()) < 2 or float(held[0].sum()) <= 0:
                 return 1.0
             u = self._fit(train, train[2] > 0, old)[0]
@@ -543,8 +559,14 @@ class PositionBias(nn.Module):
             mix = grid[:, None] * u + (1 - grid[:, None]) * o                   # [G, S]
             y, p = held[0], held[1] * torch.exp(mix - old)                      # [S], [G, S]
             c = torch.log(y.sum() / p.sum(1).clamp(min=1e-300))                # the common level
-            total += (y * (mix - old)).sum(1) + y.sum() * c - (p.sum(1) * torch.exp(c))
-        best = torch.nonzero(total >= total.max() - 1e-9).reshape(-1).max()
+            scores.append((y * (mix - old)).sum(1) + y.sum() * c - (p.sum(1) * torch.exp(c)))
+        per_fold = torch.stack(scores)                                           # [K, G]
+        total = per_fold.sum(0)
+        # one-standard-error rule toward the unbiased side: the largest weight whose held-out
+        # score is within one standard error (from the folds' paired differences) of the best
+        gap = per_fold[:, int(total.argmax())][:, None] - per_fold                # [K, G]
+        se = gap.std(0) * math.sqrt(per_fold.shape[0])
+        best = torch.nonzero(gap.sum(0) <= se + 1e-9).reshape(-1).max()
         return float(grid[best])
 
     def _percentiles(self, reps: torch.Tensor) -> torch.Tensor:
@@ -648,6 +670,11 @@ class PositionBias(nn.Module):
             how = ("exploration requests (shown in random order)" if mode == "exploration"
                    else "inverse-propensity weighted impressions")
             verdict, identified = f"identified by {how}", True
+            weight = float(self.blend_weight)
+            if weight < 1:  # NaN: not blended
+                verdict += (f", blended with all traffic's offsets ({weight:.0%} weight on the "
+                            f"exploration requests', the mix that best predicted held-out "
+                            f"exploration clicks)")
             if not few:
                 verdict += "; intervals reflect how much of it there is"
         elif corr is None:
