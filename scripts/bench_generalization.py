@@ -358,7 +358,6 @@ def evaluate_run(w: dict[str, Any], name: str, run: dict, scratch: Path) -> dict
         row["identified"] = ident.get("identified")
         row["precise"] = ident.get("precise")
         row["rank_corr"] = ident.get("rank_correlation")
-        row["blend_weight"] = info.get("blend_weight")
     bayes = float(np.mean(_xent(p_true, p_true)))
     row["excess"] = float(np.mean(_xent(logged_none, p_true))) - bayes
     row["excess_auto"] = float(np.mean(_xent(logged_auto, p_true))) - bayes

@@ -372,14 +372,14 @@ def test_within_request_rank_correlation_matches_scipy():
             assert float(rho[g]) == pytest.approx(spearmanr(-pos[g, :n], rel[g, :n])[0], abs=1e-12)
 
 
-def _sorted_log(seed=0, n_req=6000, size=6, explore=0.0, noise=0.5, hidden_std=0.8):
+def _sorted_log(seed=0, n_req=6000, size=6, explore=0.0, noise=0.5):
     """Requests of ``size`` items shown sorted by a noisy true relevance (a share ``explore`` of
     the requests in random order); the model sees only part of the relevance (``seen``). The
     click rate is low (~4 %), where the per-slot offset given ``seen`` equals the one given the
     whole relevance (at high rates, averaging over the hidden part shrinks it a little)."""
     rng = np.random.default_rng(seed)
     seen = rng.normal(-3.5, 1.0, (n_req, size))
-    hidden = rng.normal(0.0, hidden_std, (n_req, size))   # relevance the features do not explain
+    hidden = rng.normal(0.0, 0.8, (n_req, size))          # relevance the features do not explain
     true = seen + hidden
     order = np.argsort(-(true + noise * rng.normal(size=true.shape)), axis=1)
     is_x = rng.random(n_req) < explore
@@ -497,87 +497,6 @@ def test_a_random_order_log_reads_the_same_marked_as_exploration_or_not():
             verdicts.append((ident["identified"], ident["too_few_clicks"], tower.offsets()))
         assert verdicts[0][:2] == verdicts[1][:2] == (True, few), (n_req, verdicts)
         np.testing.assert_allclose(verdicts[0][2], verdicts[1][2], atol=1e-9)
-
-
-def test_blend_keeps_the_exploration_offsets_where_all_traffic_is_confounded():
-    """Sorted by a relevance the features see only part of: all traffic's offsets are biased by
-    more than 0.3 logit. The held-out exploration clicks must say so: the weight stays on the
-    exploration offsets, and the result is as good as theirs alone."""
-    seen, slot, y, is_x, offsets = _sorted_log(seed=3, n_req=20000, explore=0.15)
-    blended = PositionBias(max_position=6, n_boot=20)
-    _feed(blended, seen, slot, y, is_x)
-    alone = PositionBias(max_position=6, n_boot=20, blend=False)
-    _feed(alone, seen, slot, y, is_x)
-    rep = blended.report()
-    assert rep["blend_weight"] >= 0.8, rep["blend_weight"]
-    assert alone.report()["blend_weight"] is None
-    err = np.abs(np.array(blended.offsets()) - offsets).max()
-    err_alone = np.abs(np.array(alone.offsets()) - offsets).max()
-    assert err <= err_alone + 0.05, (err, err_alone)
-
-
-def test_blend_leans_on_all_traffic_where_the_features_explain_the_order():
-    """Sorted by what the features see (no hidden relevance) with 3 % exploration: all traffic's
-    offsets are unbiased and 30 times better supplied (the exploration requests hold about 100
-    clicks). The weight must move toward them in most logs, and the blended offsets must be
-    closer to the truth than the exploration requests' alone (squared errors summed over eight
-    logs, so that one draw does not decide)."""
-    err_blend = err_alone = 0.0
-    weights = []
-    for seed in range(8):
-        seen, slot, y, is_x, offsets = _sorted_log(seed=20 + seed, n_req=20000, explore=0.03,
-                                                   hidden_std=0.0)
-        blended = PositionBias(max_position=6, n_boot=0)
-        _feed(blended, seen, slot, y, is_x)
-        alone = PositionBias(max_position=6, n_boot=0, blend=False)
-        _feed(alone, seen, slot, y, is_x)
-        weights.append(blended.report()["blend_weight"])
-        err_blend += float(np.square(np.array(blended.offsets()) - offsets).sum())
-        err_alone += float(np.square(np.array(alone.offsets()) - offsets).sum())
-    assert np.median(weights) <= 0.5, weights
-    assert err_blend < 0.75 * err_alone, (err_blend, err_alone, weights)
-
-
-def test_blend_weight_is_the_one_standard_error_choice_of_a_brute_force_cross_validation():
-    """``_blend_weight`` against a direct computation: for each weight on the grid and each fold,
-    fit both sides with the tower's own estimator, score the held-out fold's clicks slot by slot
-    with the level maximised numerically (scipy), then take the largest weight within one
-    standard error (of the folds' paired differences) of the best."""
-    from scipy.optimize import minimize_scalar
-
-    for seed, explore in ((4, 0.1), (21, 0.03)):
-        seen, slot, y, is_x, _ = _sorted_log(seed=seed, n_req=6000, explore=explore,
-                                             hidden_std=0.8 if seed == 4 else 0.0)
-        tower = PositionBias(max_position=6, n_boot=0)
-        _feed(tower, seen, slot, y, is_x, epochs=3)
-        # one more epoch's sums, then the weight from them
-        n_req, size = seen.shape
-        tower.accumulate(torch.from_numpy(slot.reshape(-1) + 1), torch.from_numpy(seen.reshape(-1)),
-                         torch.from_numpy(y.reshape(-1)),
-                         request=torch.arange(n_req).repeat_interleave(size),
-                         explore=torch.from_numpy(np.repeat(is_x, size)))
-        sums, folds, old = tower.sums.clone(), tower.fold_sums_x.clone(), tower.offset.double()
-        seen_slots = tower.seen > 0
-        np.testing.assert_allclose(folds.sum(0).numpy(), tower.sums_x.numpy(), rtol=1e-12)
-        got = tower._blend_weight(sums, folds, old, seen_slots)
-        grid = np.linspace(0, 1, 11)
-        score = np.zeros((folds.shape[0], grid.size))
-        for k in range(folds.shape[0]):
-            held = folds[k]
-            train = folds.sum(0) - held
-            u = tower._fit(train, train[2] > 0, old)[0].numpy()
-            o = tower._fit(sums - held, seen_slots, old)[0].numpy()
-            yk, pk = held[0].numpy(), held[1].numpy()
-            for i, lam in enumerate(grid):
-                d = lam * u + (1 - lam) * o - old.numpy()
-                score[k, i] = -minimize_scalar(
-                    lambda c, d=d, yk=yk, pk=pk: -(yk * (d + c) - pk * np.exp(d + c)).sum(),
-                    bounds=(-5, 5), method="bounded", options={"xatol": 1e-10}).fun
-        best = int(score.sum(0).argmax())
-        ok = [i for i in range(grid.size)
-              if (score[:, best] - score[:, i]).sum()
-              <= np.std(score[:, best] - score[:, i], ddof=1) * np.sqrt(folds.shape[0]) + 1e-6]
-        assert got == pytest.approx(grid[max(ok)]), (seed, got, score.sum(0))
 
 
 def test_propensities_reweight_toward_a_random_placement():

@@ -58,12 +58,7 @@ Two things identify the offsets there, and the tower uses them when the data has
 - **exploration traffic**: requests shown in random order, marked by a column. The offsets'
   update then uses the sums of the exploration impressions only (where slot and relevance are
   independent), while the relevance model learns from every impression with the offsets fixed;
-  the intervals come from the exploration traffic alone and say how little of it there is.
-  With ``blend`` (the default) those offsets are mixed with all traffic's, which are precise and
-  biased by whatever relevance the features leave unexplained: the weight is the one that best
-  predicts held-out exploration clicks (two-fold cross-validation over the exploration requests,
-  :meth:`PositionBias._blend_weight`), so a log whose features explain its order leans on all
-  the traffic, and one whose order they do not explain keeps the exploration offsets;
+  the intervals come from the exploration traffic alone and say how little of it there is;
 - **logging propensities**: the probability that the logging policy put the item in its slot. The
   sums are then inverse-propensity weighted (self-normalised per slot, weights capped at
   ``max_ipw``), which re-weights the log toward a uniformly random placement.
@@ -115,7 +110,6 @@ PRECISION_SLOTS = 10
 #: 2026-11-27 it made exploration traffic "NOT identified", so a random-order log whose requests
 #: were all marked as exploration was flagged while the same log unmarked was not; world 1002)
 MIN_IDENTIFYING_CLICKS = 20
-BLEND_FOLDS = 5
 
 
 def within_request_rank_correlation(position: torch.Tensor, relevance: torch.Tensor,
@@ -256,9 +250,6 @@ class PositionBias(nn.Module):
             the weights still move, which spread less than the final model's: on randomly built
             logs with many clicks that left the deep slots' offsets about 0.05 logit too close to
             zero (docs/BENCHMARKS.md, "Random-order worlds at 400k impressions").
-        blend: with exploration requests, mix their offsets with all traffic's by the weight
-            (0, 0.1, ..., 1 on the exploration side) that best predicts held-out exploration
-            clicks (:meth:`_blend_weight`); ``False``: the exploration requests' alone.
 
     ``forward(position [B]) -> [B]`` offsets; training calls :meth:`accumulate` per batch and
     :meth:`update` once per epoch (``HybridRanker`` does both).
@@ -270,7 +261,7 @@ class PositionBias(nn.Module):
 
     def __init__(self, max_position: int = 50, reference_position: int = 1, tail: str = "share",
                  n_boot: int = 100, alpha: float = 0.05, seed: int = 0, max_ipw: float = 100.0,
-                 monotone: bool = True, pool: bool = True, refit: bool = True, blend: bool = True):
+                 monotone: bool = True, pool: bool = True, refit: bool = True):
         super().__init__()
         if int(max_position) < 1 or not 1 <= int(reference_position) <= int(max_position):
             raise ValueError(f"reference_position={reference_position} must lie in "
@@ -287,7 +278,6 @@ class PositionBias(nn.Module):
         self.monotone = bool(monotone)
         self.pool = bool(pool)
         self.refit = bool(refit)
-        self.blend = bool(blend)
         s, k = self.max_position, self.n_boot
         f64 = torch.float64
         self.register_buffer("offset", torch.zeros(s))                   # b_j (float32 for serving)
@@ -296,10 +286,6 @@ class PositionBias(nn.Module):
         # the same over the identifying traffic (exploration requests, or IPW-weighted impressions)
         self.register_buffer("sums_x", torch.zeros(3, s, dtype=f64))
         self.register_buffer("boot_sums_x", torch.zeros(3, k, s, dtype=f64))
-        # the exploration sums split in two halves of the requests (``blend``'s held-out check)
-        self.register_buffer("fold_sums_x", torch.zeros(BLEND_FOLDS, 3, s, dtype=f64))
-        # the blend's weight on the exploration offsets at the last update (NaN: not blended)
-        self.register_buffer("blend_weight", torch.full((), math.nan, dtype=f64))
         # diagnosis of this epoch / of the last update: Σ rank correlation, its Σ of squares,
         # requests it was measured on, exploration requests, all requests
         self.register_buffer("diag", torch.zeros(2, 5, dtype=f64))
@@ -376,15 +362,6 @@ class PositionBias(nn.Module):
         if xw is not None:
             self.sums_x.index_add_(1, slot, vals * xw)
             self.x_kind.fill_(2 if propensity is not None else 1)
-            if self.blend and propensity is None:
-                # every request falls in one of two halves (its own generator: the bootstrap's
-                # weights stay as they were)
-                req = torch.arange(y.numel(), device=y.device) if request is None else request.long()
-                n_req = int(req.max()) + 1 if req.numel() else 0
-                g = torch.Generator().manual_seed(self.seed * 1_000_003 + int(step) + 500_009)
-                fold = torch.randint(0, BLEND_FOLDS, (n_req,), generator=g).to(y.device)[req]
-                self.fold_sums_x.view(BLEND_FOLDS * 3, -1).index_add_(
-                    1, slot, torch.cat([vals * xw * (fold == k) for k in range(BLEND_FOLDS)]))
         if self.n_boot:
             req = torch.arange(y.numel(), device=y.device) if request is None else request.long()
             n_req = int(req.max()) + 1 if req.numel() else 0
@@ -435,28 +412,27 @@ class PositionBias(nn.Module):
         identifying = float(sums_x[2, ref]) > 0 and int((sums_x[2] > 0).sum()) >= 2
         fit_sums, fit_boot = (sums_x, boot_x) if identifying else (sums, boot)
         est = (sums_x[2] > 0) if identifying else (seen > 0)
-        new, level, step, info = self._fit(fit_sums, est, old)
-        fit_est, weight = est, math.nan
-        if identifying and self.blend and int(self.x_kind) == 1:
-            # exploration requests: mixed with all traffic's offsets by held-out exploration clicks
-            folds = self.fold_sums_x.clone() if reduce is None else reduce(self.fold_sums_x.clone())
-            weight = self._blend_weight(sums, folds, old, seen > 0)
-            if weight < 1:
-                est = est | (seen > 0)
-                new = weight * new + (1 - weight) * self._fit(sums, seen > 0, old)[0]
+        step = slot_logit_step(*fit_sums)
+        # information of each slot's offset (expected clicks x non-clicks over impressions)
+        info = _information(fit_sums)
+        # each slot's own click logit (relative to the current intercept), pooled toward a curve
+        level = self._pool(old + step, info, est)
+        raw = level - level[ref]
+        new = self._fill_unseen(self._shape(raw, info, est), est)
         if self.n_boot:
-            boot_off, reps, free = self._replicates(fit_boot, info, fit_est, old)
-            if weight < 1:  # the blend's replicates: the same weight on each side's replicates
-                off_all, _, free_all = self._replicates(boot, _information(sums), seen > 0, old)
-                boot_off = weight * boot_off + (1 - weight) * off_all
-                free = weight * free + (1 - weight) * free_all
-            self.boot_offset.copy_(boot_off)
+            bstep = slot_logit_step(*fit_boot)                                 # [K, S]
+            binfo = _information(fit_boot)
+            reps = [self._pool(old + b, i, est) for b, i in zip(bstep, binfo)]
+            self.boot_offset.copy_(torch.stack([
+                self._fill_unseen(self._shape(r - r[ref], info, est), est) for r in reps]))
             bounds = self._percentiles(self.boot_offset)
             if self.pool:
                 # pooled replicates are only as right as the curve: when the slots' spread around
                 # it comes out as zero, a replicate is the curve alone, and its interval is as
                 # narrow as a three-parameter fit's even where the curve is off. The interval is
                 # the hull of the pooled one and the per-slot one (valid without the curve)
+                free = torch.stack([self._fill_unseen(self._shape(r, info, est), est)
+                                    for r in old + bstep - bstep[:, ref:ref + 1]])
                 per_slot = self._percentiles(free)
                 bounds = torch.stack([torch.minimum(bounds[0], per_slot[0]),
                                       torch.maximum(bounds[1], per_slot[1])])
@@ -477,7 +453,7 @@ class PositionBias(nn.Module):
             else:
                 lb = self._percentiles(torch.stack([r[ref] for r in reps]) - level[ref])
                 if self.pool:
-                    own = self._percentiles(slot_logit_step(*fit_boot)[:, ref] - step[ref])
+                    own = self._percentiles(bstep[:, ref] - step[ref])
                     lb = torch.stack([torch.minimum(lb[0], own[0]), torch.maximum(lb[1], own[1])])
             self.level_bounds.copy_(lb)
         self.mode.fill_(int(self.x_kind) if identifying else 0)
@@ -485,8 +461,6 @@ class PositionBias(nn.Module):
         self.diag[0] = 0
         self.sums_x.zero_()
         self.boot_sums_x.zero_()
-        self.fold_sums_x.zero_()
-        self.blend_weight.fill_(weight)
         self.estimated.copy_(est)
         change = float((new - old)[est].abs().max()) if bool(est.any()) else 0.0
         self.offset.copy_(new.to(self.offset.dtype))
@@ -500,75 +474,6 @@ class PositionBias(nn.Module):
         self.last_change.fill_(change)
         return change, ref_step
 
-    def _fit(self, fit_sums: torch.Tensor, est: torch.Tensor, old: torch.Tensor
-             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Offsets from sums ``[3, S]``: ``(offsets, pooled click logits, per-slot step,
-        information)`` (the exact step, pooled, made monotone, unseen slots filled)."""
-        step = slot_logit_step(*fit_sums)
-        # information of each slot's offset (expected clicks x non-clicks over impressions)
-        info = _information(fit_sums)
-        # each slot's own click logit (relative to the current intercept), pooled toward a curve
-        level = self._pool(old + step, info, est)
-        ref = self.reference_position - 1
-        return self._fill_unseen(self._shape(level - level[ref], info, est), est), level, step, info
-
-    def _replicates(self, fit_boot: torch.Tensor, info: torch.Tensor, est: torch.Tensor,
-                    old: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor], torch.Tensor]:
-        """The bootstrap replicates' offsets ``[K, S]``, pooled click logits (K of ``[S]``) and
-        per-slot (unpooled) offsets ``[K, S]`` from replicate sums ``[3, K, S]``."""
-        ref = self.reference_position - 1
-        bstep = slot_logit_step(*fit_boot)                                     # [K, S]
-        reps = [self._pool(old + b, i, est) for b, i in zip(bstep, _information(fit_boot))]
-        offs = torch.stack([self._fill_unseen(self._shape(r - r[ref], info, est), est) for r in reps])
-        free = torch.stack([self._fill_unseen(self._shape(r, info, est), est)
-                            for r in old + bstep - bstep[:, ref:ref + 1]])
-        return offs, reps, free
-
-    def _blend_weight(self, sums: torch.Tensor, folds: torch.Tensor, old: torch.Tensor,
-                      seen: torch.Tensor) -> float:
-        """The weight ``λ`` (0, 0.1, ..., 1) on the exploration offsets, ``1 - λ`` on all traffic's,
-        by how well each mix predicts held-out exploration clicks.
-
-        Exploration offsets are unbiased and, with few exploration clicks, noisy; all traffic's
-        are precise and biased by as much relevance as the features leave unexplained in a
-        sorted log. Which costs more is a property of the log, so it is measured on it:
-        ``BLEND_FOLDS``-fold cross-validation over the exploration requests. Each fold is held out
-        in turn; the exploration offsets are fitted on the other folds, all traffic's on
-        everything but the held-out fold, and every mix is scored by the held-out fold's per-slot
-        click likelihood (Poisson: the predicted clicks of slot ``j`` scaled by
-        ``exp(offset_j - current_j)``, with one common level fitted, since the level is the
-        relevance model's). No variance of either estimate is needed (a shrinkage weight needs
-        one, and a pooled, monotone estimate does not have a trustworthy one).
-
-        The errors are not symmetric: leaning on all traffic where the log is confounded costs
-        its whole bias, keeping the exploration offsets where it is not costs their noise. So the
-        weight is the largest whose summed score is within one standard error of the best (the
-        one-standard-error rule, the error from the folds' paired differences): the data must
-        show that all traffic predicts the exploration clicks better before it is trusted. A fold
-        without clicks, or whose complement has none in the reference slot: ``λ = 1``."""
-        ref = self.reference_position - 1
-        grid = torch.linspace(0, 1, 11, dtype=torch.float64)
-        scores = []                                                              # [K][G]
-        for k in range(folds.shape[0]):
-            held = folds[k]
-            train = folds.sum(0) - held
-            if float(train[2, ref]) <= 0 or int((train[2] > 0).sum()) < 2 or float(held[0].sum()) <= 0:
-                return 1.0
-            u = self._fit(train, train[2] > 0, old)[0]
-            o = self._fit(sums - held, seen, old)[0]
-            mix = grid[:, None] * u + (1 - grid[:, None]) * o                   # [G, S]
-            y, p = held[0], held[1] * torch.exp(mix - old)                      # [S], [G, S]
-            c = torch.log(y.sum() / p.sum(1).clamp(min=1e-300))                # the common level
-            scores.append((y * (mix - old)).sum(1) + y.sum() * c - (p.sum(1) * torch.exp(c)))
-        per_fold = torch.stack(scores)                                           # [K, G]
-        total = per_fold.sum(0)
-        # one-standard-error rule toward the unbiased side: the largest weight whose held-out
-        # score is within one standard error (from the folds' paired differences) of the best
-        gap = per_fold[:, int(total.argmax())][:, None] - per_fold                # [K, G]
-        se = gap.std(0) * math.sqrt(per_fold.shape[0])
-        best = torch.nonzero(gap.sum(0) <= se + 1e-9).reshape(-1).max()
-        return float(grid[best])
-
     def _percentiles(self, reps: torch.Tensor) -> torch.Tensor:
         """``[2, S]`` percentile interval of replicate offsets ``[K, S]`` at level ``1 - alpha``."""
         return torch.quantile(reps, torch.tensor([self.alpha / 2, 1 - self.alpha / 2],
@@ -578,8 +483,6 @@ class PositionBias(nn.Module):
         # checkpoints written before the interval buffer existed load with it unset (NaN)
         state_dict.setdefault(prefix + "bounds", torch.full_like(self.bounds, math.nan))
         state_dict.setdefault(prefix + "level_bounds", torch.full_like(self.level_bounds, math.nan))
-        state_dict.setdefault(prefix + "fold_sums_x", torch.zeros_like(self.fold_sums_x))
-        state_dict.setdefault(prefix + "blend_weight", torch.full_like(self.blend_weight, math.nan))
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     def _pool(self, level: torch.Tensor, info: torch.Tensor, est: torch.Tensor) -> torch.Tensor:
@@ -670,11 +573,6 @@ class PositionBias(nn.Module):
             how = ("exploration requests (shown in random order)" if mode == "exploration"
                    else "inverse-propensity weighted impressions")
             verdict, identified = f"identified by {how}", True
-            weight = float(self.blend_weight)
-            if weight < 1:  # NaN: not blended
-                verdict += (f", blended with all traffic's offsets ({weight:.0%} weight on the "
-                            f"exploration requests', the mix that best predicted held-out "
-                            f"exploration clicks)")
             if not few:
                 verdict += "; intervals reflect how much of it there is"
         elif corr is None:
@@ -756,9 +654,6 @@ class PositionBias(nn.Module):
         return {
             "reference_position": self.reference_position, "max_position": self.max_position,
             "tail": self.tail, "monotone": self.monotone, "pool": self.pool, "refit": self.refit,
-            # the weight on the exploration requests' offsets (the rest on all traffic's; None:
-            # no blend, the offsets came from one kind of traffic)
-            "blend_weight": None if math.isnan(float(self.blend_weight)) else float(self.blend_weight),
             "estimator": ("per-slot exact update each epoch (regression-EM step)"
                           + (", pooled toward a curve in log(slot) (empirical Bayes)" if self.pool else "")),
             "logit_offsets": self.offsets(),
