@@ -257,7 +257,8 @@ def test_level_trend_is_the_weighted_slope_of_the_gap_and_flags_a_drifting_level
         g = np.array(st["gaps"])
         p = torch.sigmoid(z).numpy()
         yk = np.array([float(y[block == k].sum()) for k in range(n_blocks)])
-        var = 1 / (yk + 0.5) + 1 / (per - yk + 0.5)
+        q = (yk + 0.5) / (per + 1)                 # equal logits: the gap's rate, half a count added
+        var = 1 / (per * q * (1 - q))
         slope = np.polyfit(np.arange(n_blocks), g, 1, w=1 / np.sqrt(var))[0]
         assert st["trend"] == pytest.approx(slope, abs=1e-3)   # gaps are rounded to 1e-4
         t = np.arange(n_blocks) - np.sum(np.arange(n_blocks) / var) / np.sum(1 / var)

@@ -10,6 +10,7 @@ import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
+from scipy.optimize import brentq
 
 from hybridrank.serving.level_trend import (
     DAY_SECONDS,
@@ -39,13 +40,36 @@ def test_block_gaps_match_a_loop(rows):
         if not idx:
             continue
         n = sum(rows[i][3] for i in idx)
-        yk = sum(rows[i][3] * rows[i][2] for i in idx)
-        pk = sum(rows[i][3] / (1 + math.exp(-rows[i][1])) for i in idx)
-        g = math.log((yk + 0.5) / (n - yk + 0.5)) - math.log((pk + 0.5) / (n - pk + 0.5))
-        expected.append((k, g, 1 / (yk + 0.5) + 1 / (n - yk + 0.5)))
+        target = (sum(rows[i][3] * rows[i][2] for i in idx) + 0.5) * n / (n + 1)
+
+        def clicks_at(d, idx=idx):
+            return sum(rows[i][3] / (1 + math.exp(-(rows[i][1] + d))) for i in idx)
+
+        g = brentq(lambda d, target=target: clicks_at(d) - target, -60, 60, xtol=1e-13)
+        info = sum(rows[i][3] * _sig(rows[i][1] + g) * (1 - _sig(rows[i][1] + g)) for i in idx)
+        expected.append((k, g, 1 / info))
     assert seen.tolist() == [e[0] for e in expected]
-    assert np.allclose(gaps, [e[1] for e in expected], rtol=1e-9, atol=1e-9)
-    assert np.allclose(var, [e[2] for e in expected], rtol=1e-9)
+    assert np.allclose(gaps, [e[1] for e in expected], rtol=1e-7, atol=1e-8)
+    assert np.allclose(var, [e[2] for e in expected], rtol=1e-6)
+
+
+def _sig(x: float) -> float:
+    return 1 / (1 + math.exp(-x))
+
+
+def test_block_gaps_are_the_shift_of_every_logit_not_of_the_mean_rate():
+    """Logits that spread (sd 1.4) at a 12 % click rate: a logit shift of the truth comes back
+    as itself. The ratio of mean rates, ``logit(Y/N) - logit(P/N)``, reads about 0.8 of it."""
+    g = torch.Generator().manual_seed(3)
+    z = -2.6 + 1.4 * torch.randn(200_000, generator=g, dtype=torch.float64)
+    block = torch.arange(200_000) % 2
+    shift = torch.tensor([-0.3, 0.3], dtype=torch.float64)
+    y = (torch.rand(200_000, generator=g, dtype=torch.float64) < torch.sigmoid(z + shift[block])).double()
+    _, gaps, var = block_gaps(z, y, torch.ones_like(z), block, 2)
+    assert np.all(np.abs(gaps - shift.numpy()) < 3 * np.sqrt(var)), (gaps, var)
+    p = torch.sigmoid(z)
+    one_step = [_logit(float(y[block == k].mean())) - _logit(float(p[block == k].mean())) for k in (0, 1)]
+    assert one_step[1] - one_step[0] < 0.9 * 0.6   # what the one-step form would have read
 
 
 @given(st.integers(3, 12), st.integers(0, 10_000))

@@ -778,8 +778,8 @@ def level_stability(logits: Tensor, clicks: Tensor, weights: Tensor, block: Tens
                     n_blocks: int, alpha: float = 0.05) -> dict[str, Any]:
     """Is the model's miscalibration the same over time? Cochran's Q over time blocks.
 
-    Per block ``k`` the level gap ``g_k = logit(Y_k / N_k) - logit(P_k / N_k)`` (observed vs
-    predicted clicks, half a pseudo-count each) with variance ``1/Y_k + 1/(N_k - Y_k)``;
+    Per block ``k`` the level gap ``g_k``, the logit shift that matches the block's observed
+    clicks, with its variance ``var_k`` (:func:`~hybridrank.serving.level_trend.block_gaps`);
     ``Q = Σ (g_k - ḡ)² / var_k`` (``ḡ`` the inverse-variance mean) is ``χ²(K - 1)`` when the gap
     is constant. A small p-value says the gap moves with time: a map fitted on this split would
     carry one period's gap into another. With three blocks or more, its one-degree-of-freedom
