@@ -331,16 +331,18 @@ def test_shipped_configs_hold_the_code_defaults(compose_cfg, name):
 
 def test_block_gaps_converge_on_extreme_logits():
     """Logits far in either tail (a block the model thinks never clicks, one it thinks always
-    does, one mixing both): every gap is finite and matches its clicks to 1e-8."""
-    z = torch.tensor([-40.0] * 50 + [30.0] * 50 + [-35.0, 25.0] * 25, dtype=torch.float64)
-    block = torch.arange(150) // 50
-    y = torch.zeros(150, dtype=torch.float64)
+    does, one mixing both, one beyond float64's sigmoid): every gap is finite and matches its
+    clicks to 1e-8."""
+    z = torch.tensor([-40.0] * 50 + [30.0] * 50 + [-35.0, 25.0] * 25 + [-800.0] * 50, dtype=torch.float64)
+    block = torch.arange(200) // 50
+    y = torch.zeros(200, dtype=torch.float64)
+    y[150:152] = 1     # block 3: logits where σ underflows to 0 in float64
     y[:3] = 1          # 3 clicks where the model says none
     y[50:60] = 0       # block 1: 40 of 50 clicked where the model says all
     y[60:100] = 1
     y[100:125] = 1     # block 2: 25 clicks
-    seen, gaps, var = block_gaps(z, y, torch.ones_like(z), block, 3)
-    assert seen.tolist() == [0, 1, 2] and np.isfinite(gaps).all() and np.isfinite(var).all()
+    seen, gaps, var = block_gaps(z, y, torch.ones_like(z), block, 4)
+    assert seen.tolist() == [0, 1, 2, 3] and np.isfinite(gaps).all() and np.isfinite(var).all()
     for k, g in zip(seen, gaps):
         m = block == int(k)
         n, yk = float(m.sum()), float(y[m].sum())

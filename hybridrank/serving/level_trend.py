@@ -79,7 +79,7 @@ def block_gaps(logits: Tensor, clicks: Tensor, weights: Tensor, block: Tensor, n
     and falls short of it when they spread: averaging probabilities flattens a logit shift by
     ``1 - Var(p) / (p̄ (1 - p̄))``. At a 12 % click rate with logits of sd 1.4 a linear drift's
     slope came out 0.83 of the truth that way, and trained models on randomly built 400k logs at
-    12 % CTR read 0.53-0.64 of it (docs/BENCHMARKS.md, "Level drift"). Returns the blocks'
+    12 % CTR read 0.53-0.64 of it (docs/BENCHMARKS.md, "The level gap"). Returns the blocks'
     indices, gaps and variances (float64).
 
     >>> z = torch.full((200,), -2.0); y = torch.zeros(200); y[:30] = 1
@@ -97,13 +97,12 @@ def block_gaps(logits: Tensor, clicks: Tensor, weights: Tensor, block: Tensor, n
     n, yk = per_block(w), per_block(w * clicks.double())
     seen = torch.nonzero(n > 0).reshape(-1)
     target = (yk + 0.5) * n / (n + 1.0)
-    # start from the one-step gap (exact when a block's logits are equal), then Newton steps on
-    # the increasing sum, each capped at one logit
-    half = 0.5 * n[seen] / (n[seen] + 1.0)
-    pk = per_block(w * torch.sigmoid(z))[seen]
+    # start from the shift that would be exact if the block's logits were all equal to their
+    # mean (finite however far the logits sit in a tail), then Newton steps on the increasing
+    # sum, each capped at one logit
     gap = torch.zeros(n_blocks, dtype=torch.float64)
-    gap[seen] = (torch.log(target[seen] / (n[seen] - target[seen]))
-                 - torch.log((pk + half) / (n[seen] - pk + half)))
+    zbar = per_block(w * z)[seen] / n[seen]
+    gap[seen] = torch.log(target[seen] / (n[seen] - target[seen])) - zbar
     for _ in range(200):
         p = torch.sigmoid(z + gap[b])
         step = ((per_block(w * p) - target) / per_block(w * p * (1 - p)).clamp(min=1e-300))[seen]
