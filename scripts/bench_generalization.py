@@ -79,8 +79,13 @@ from hybridrank.data.worlds import (  # noqa: E402
 
 #: name -> (hydra overrides, position as a feature?)
 VARIANTS: dict[str, tuple[list[str], bool]] = {
-    "default": ([], True),                                   # the shipped defaults
-    "tower": (["position_bias=tower"], False),               # default scorer and loss + tower
+    # position listed as a feature, so position_bias=auto stands aside: the click-log default
+    # until 2026-11-27 (ninth session); the tables keep its name
+    "default": ([], True),
+    # default scorer and loss + tower: what position_bias=auto builds on a click log since then
+    "tower": (["position_bias=tower"], False),
+    # nothing overridden, position not a feature: whatever the shipped click-log config does
+    "shipped": ([], False),
     "fm": (["model=fm", "loss=bce"], True),
     "fm_tower": (["model=fm", "loss=bce", "position_bias=tower"], False),
 }

@@ -197,10 +197,12 @@ def test_position_bias_options(name, compose_cfg):
     assert (m.position_bias is None) == (name == "none")
     batch = next(iter(dm.train_dataloader()))
     assert torch.isfinite(m.training_step(batch, 0))
-    if name != "none":
+    if name == "tower":
         with pytest.raises(ValueError, match="position column 'position' is also a numeric feature"):
             build_model(compose_cfg("config", f"position_bias={name}", *SMALL), dm_with_position(
                 compose_cfg))
+    if name == "auto":  # stands aside where position is a feature: the simulator's default
+        assert build_model(compose_cfg("config", *SMALL), dm_with_position(compose_cfg)).position_bias is None
 
 
 def dm_with_position(compose_cfg):

@@ -261,6 +261,38 @@ def test_model_refuses_position_as_a_feature_or_no_position():
     assert HybridRanker(scorer, loss, position_bias=tower, data={"schema": ok.to_dict()}).position_bias
 
 
+def test_auto_builds_the_tower_only_where_the_position_is_known_and_not_a_feature(tmp_path):
+    """``position_bias=auto`` (``when: position_known``): the same three schemas as above give no
+    tower, no tower, and a tower, without an error; the hyperparameters (what a checkpoint
+    rebuilds from) hold the outcome, not the rule; an unknown ``when`` is an error."""
+    from hybridrank.data.readers import ColumnMap
+    from hybridrank.data.schema import Schema
+
+    frame = pl.DataFrame({"r": [1, 1, 2], "y": [0.0, 1.0, 0.0], "x": [0.1, 0.2, 0.3],
+                          "position": [1, 2, 1]})
+    auto = {"_target_": "hybridrank.models.position.PositionBias", "when": "position_known",
+            "max_position": 7}
+    scorer = {"_target_": "hybridrank.models.scorers.MLPScorer", "_partial_": True}
+    loss = {"_target_": "hybridrank.losses.HybridLoss"}
+    schemas = {
+        "feature": ColumnMap(request="r", label="y", position="position", numeric=["x", "position"]),
+        "none": ColumnMap(request="r", label="y", numeric=["x"]),
+        "tower": ColumnMap(request="r", label="y", position="position", numeric=["x"]),
+    }
+    for kind, cm in schemas.items():
+        m = HybridRanker(scorer, loss, position_bias=auto, data={"schema": Schema.fit(frame, cm, 1).to_dict()})
+        assert (m.position_bias is not None) == (kind == "tower"), kind
+        stored = m.hparams["position_bias"]
+        if kind == "tower":
+            assert "when" not in stored and stored["max_position"] == 7 and m.position_bias.max_position == 7
+            assert m.position_bias_note is None
+        else:
+            assert stored is None and m.position_bias_note
+    with pytest.raises(ValueError, match="position_bias.when must be one of"):
+        HybridRanker(scorer, loss, position_bias={**auto, "when": "sometimes"},
+                     data={"schema": Schema.fit(frame, schemas["tower"], 1).to_dict()})
+
+
 def _expected_log_loss(q: np.ndarray, p: np.ndarray) -> float:
     """Cross-entropy of predictions q against true probabilities p (the expected log loss)."""
     q = np.clip(q, 1e-7, 1 - 1e-7)

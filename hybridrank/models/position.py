@@ -78,14 +78,14 @@ UNRELIABLE when the traffic the offsets were fitted on holds fewer than
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
 import torch
 from torch import nn
 
-__all__ = ["PositionBias", "slot_logit_step"]
+__all__ = ["PositionBias", "resolve_tower", "slot_logit_step"]
 
 _TAILS = ("share", "error")
 _PSEUDO = 0.5  # pseudo-count of clicks and non-clicks in every logit of a ratio (no log(0))
@@ -110,6 +110,46 @@ PRECISION_SLOTS = 10
 #: 2026-11-27 it made exploration traffic "NOT identified", so a random-order log whose requests
 #: were all marked as exploration was flagged while the same log unmarked was not; world 1002)
 MIN_IDENTIFYING_CLICKS = 20
+
+
+#: ``when`` of a tower config: ``always`` builds it (and the model refuses data without a
+#: position column, or with position as a feature); ``position_known`` (``position_bias=auto``,
+#: the default) builds it only where the data maps a display position that is not a feature
+TOWER_WHEN = ("always", "position_known")
+
+
+def resolve_tower(node: Any, schema: Any) -> tuple[Any, str | None]:
+    """Decide whether a tower config is built: ``(node without its when key or None, why not)``.
+
+    ``node``: a tower config mapping (``_target_`` ... with an optional ``when``), or anything
+    else (None, a built module), which passes through. ``schema``: the data schema as a mapping
+    (``columns``, ``numeric``) or None. With ``when: position_known`` the tower stands aside
+    (None, and the reason) when the schema maps no position column or lists it among the
+    numeric features (the scorer then learns the position effect itself). Without a schema the
+    decision is left to the model (it is checked when data arrives).
+
+    >>> cfg = {"_target_": "hybridrank.models.position.PositionBias", "when": "position_known"}
+    >>> resolve_tower(cfg, {"columns": {"position": "pos"}, "numeric": ["x", "pos"]})[1]
+    "the position column 'pos' is a numeric feature"
+    >>> resolve_tower(cfg, {"columns": {"position": "pos"}, "numeric": ["x"]})[0]
+    {'_target_': 'hybridrank.models.position.PositionBias'}
+    """
+    if not isinstance(node, Mapping) or "when" not in node:
+        return node, None
+    when = node["when"]
+    if when not in TOWER_WHEN:
+        raise ValueError(f"position_bias.when must be one of {list(TOWER_WHEN)}, got {when!r}")
+    rest = {k: v for k, v in node.items() if k != "when"}
+    if hasattr(schema, "to_dict"):
+        schema = schema.to_dict()
+    if when == "always" or schema is None:
+        return rest, None
+    pos = (schema.get("columns") or {}).get("position")
+    if pos is None:
+        return None, "no position column is mapped (columns.position)"
+    if pos in (schema.get("numeric") or ()):
+        return None, f"the position column {pos!r} is a numeric feature"
+    return rest, None
 
 
 def within_request_rank_correlation(position: torch.Tensor, relevance: torch.Tensor,

@@ -30,6 +30,7 @@ from torch import nn
 from hybridrank.lists import Batch, ListData, gather_lists, pad_index
 from hybridrank.losses import HybridLoss
 from hybridrank.metrics.list_metrics import ListMetrics
+from hybridrank.models.position import resolve_tower
 from hybridrank.models.scorers import column_tables, embedding_penalty, shift_click_logit
 from hybridrank.models.unseen import UNSEEN_DROPOUT, drop_unseen, probability_tables
 
@@ -142,9 +143,15 @@ class HybridRanker(pl.LightningModule):
                  config: Mapping[str, Any] | None = None, monitor: str = "val/logloss",
                  embedding_l2: float = 0.0, unseen_dropout: str = "good_turing"):
         super().__init__()
+        # position_bias=auto (when: position_known): the tower, unless the data has no display
+        # position or uses it as a feature; decided here so that the checkpoint stores the outcome
+        tower, self.position_bias_note = resolve_tower(
+            _plain(position_bias), (_plain(dict(data)) if data is not None else {}).get("schema"))
+        if self.position_bias_note:
+            log.info("position_bias=auto: no position tower (%s)", self.position_bias_note)
         args = {"scorer": _plain(scorer), "loss": _plain(loss), "optimizer": _plain(optimizer),
                 "scheduler": _plain(scheduler), "metrics": _plain(metrics),
-                "position_bias": _plain(position_bias),
+                "position_bias": tower,
                 "data": _plain(dict(data)) if data is not None else None,
                 "config": _plain(config), "monitor": monitor, "embedding_l2": float(embedding_l2),
                 # YAML 1.1 reads a bare `off` as false (and `on` as true)
