@@ -125,8 +125,8 @@ def resolve_tower(node: Any, schema: Any) -> tuple[Any, str | None]:
     else (None, a built module), which passes through. ``schema``: the data schema as a mapping
     (``columns``, ``numeric``) or None. With ``when: position_known`` the tower stands aside
     (None, and the reason) when the schema maps no position column or lists it among the
-    numeric features (the scorer then learns the position effect itself). Without a schema the
-    decision is left to the model (it is checked when data arrives).
+    numeric features (the scorer then learns the position effect itself). Without a schema
+    (a model built from Python objects, no data given) the tower is built, as with ``always``.
 
     >>> cfg = {"_target_": "hybridrank.models.position.PositionBias", "when": "position_known"}
     >>> resolve_tower(cfg, {"columns": {"position": "pos"}, "numeric": ["x", "pos"]})[1]
