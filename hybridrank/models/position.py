@@ -85,7 +85,7 @@ import numpy as np
 import torch
 from torch import nn
 
-__all__ = ["PositionBias", "resolve_tower", "slot_logit_step"]
+__all__ = ["PositionBias", "position_obstacle", "resolve_tower", "slot_logit_step"]
 
 _TAILS = ("share", "error")
 _PSEUDO = 0.5  # pseudo-count of clicks and non-clicks in every logit of a ratio (no log(0))
@@ -118,19 +118,39 @@ MIN_IDENTIFYING_CLICKS = 20
 TOWER_WHEN = ("always", "position_known")
 
 
+def position_obstacle(schema: Any) -> str | None:
+    """Why a tower cannot train on data with this schema, or None: no position column mapped, or
+    the position column also a numeric feature (the scorer would learn the effect the tower is
+    for). ``schema``: a :class:`~hybridrank.data.schema.Schema` or its dict form.
+
+    >>> position_obstacle({"columns": {"position": "pos"}, "numeric": ["x", "pos"]})
+    "the position column 'pos' is also a numeric feature"
+    >>> position_obstacle({"columns": {"position": "pos"}, "numeric": ["x"]}) is None
+    True
+    """
+    if hasattr(schema, "to_dict"):
+        schema = schema.to_dict()
+    pos = (schema.get("columns") or {}).get("position")
+    if pos is None:
+        return "a position-bias tower needs the display position: no position column is mapped"
+    if pos in (schema.get("numeric") or ()):
+        return f"the position column {pos!r} is also a numeric feature"
+    return None
+
+
 def resolve_tower(node: Any, schema: Any) -> tuple[Any, str | None]:
     """Decide whether a tower config is built: ``(node without its when key or None, why not)``.
 
     ``node``: a tower config mapping (``_target_`` ... with an optional ``when``), or anything
-    else (None, a built module), which passes through. ``schema``: the data schema as a mapping
-    (``columns``, ``numeric``) or None. With ``when: position_known`` the tower stands aside
-    (None, and the reason) when the schema maps no position column or lists it among the
-    numeric features (the scorer then learns the position effect itself). Without a schema
-    (a model built from Python objects, no data given) the tower is built, as with ``always``.
+    else (None, a built module), which passes through. ``schema``: the data schema (or its dict
+    form) or None. With ``when: position_known`` the tower stands aside (None, and the reason
+    from :func:`position_obstacle`) where the data cannot give it a position; with ``always`` (or
+    no ``when``) it is built and the model refuses such data. Without a schema (a model built
+    from Python objects, no data given) the tower is built, as with ``always``.
 
     >>> cfg = {"_target_": "hybridrank.models.position.PositionBias", "when": "position_known"}
     >>> resolve_tower(cfg, {"columns": {"position": "pos"}, "numeric": ["x", "pos"]})[1]
-    "the position column 'pos' is a numeric feature"
+    "the position column 'pos' is also a numeric feature"
     >>> resolve_tower(cfg, {"columns": {"position": "pos"}, "numeric": ["x"]})[0]
     {'_target_': 'hybridrank.models.position.PositionBias'}
     """
@@ -140,16 +160,8 @@ def resolve_tower(node: Any, schema: Any) -> tuple[Any, str | None]:
     if when not in TOWER_WHEN:
         raise ValueError(f"position_bias.when must be one of {list(TOWER_WHEN)}, got {when!r}")
     rest = {k: v for k, v in node.items() if k != "when"}
-    if hasattr(schema, "to_dict"):
-        schema = schema.to_dict()
-    if when == "always" or schema is None:
-        return rest, None
-    pos = (schema.get("columns") or {}).get("position")
-    if pos is None:
-        return None, "no position column is mapped (columns.position)"
-    if pos in (schema.get("numeric") or ()):
-        return None, f"the position column {pos!r} is a numeric feature"
-    return rest, None
+    obstacle = position_obstacle(schema) if when == "position_known" and schema is not None else None
+    return (None, obstacle) if obstacle else (rest, None)
 
 
 def within_request_rank_correlation(position: torch.Tensor, relevance: torch.Tensor,

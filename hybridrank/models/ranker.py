@@ -30,7 +30,7 @@ from torch import nn
 from hybridrank.lists import Batch, ListData, gather_lists, pad_index
 from hybridrank.losses import HybridLoss
 from hybridrank.metrics.list_metrics import ListMetrics
-from hybridrank.models.position import resolve_tower
+from hybridrank.models.position import position_obstacle, resolve_tower
 from hybridrank.models.scorers import column_tables, embedding_penalty, shift_click_logit
 from hybridrank.models.unseen import UNSEEN_DROPOUT, drop_unseen, probability_tables
 
@@ -145,14 +145,13 @@ class HybridRanker(pl.LightningModule):
         super().__init__()
         # position_bias=auto (when: position_known): the tower, unless the data has no display
         # position or uses it as a feature; decided here so that the checkpoint stores the outcome
-        tower, self.position_bias_note = resolve_tower(
-            _plain(position_bias), (_plain(dict(data)) if data is not None else {}).get("schema"))
+        data = _plain(dict(data)) if data is not None else None
+        tower, self.position_bias_note = resolve_tower(_plain(position_bias), (data or {}).get("schema"))
         if self.position_bias_note:
             log.info("position_bias=auto: no position tower (%s)", self.position_bias_note)
         args = {"scorer": _plain(scorer), "loss": _plain(loss), "optimizer": _plain(optimizer),
                 "scheduler": _plain(scheduler), "metrics": _plain(metrics),
-                "position_bias": tower,
-                "data": _plain(dict(data)) if data is not None else None,
+                "position_bias": tower, "data": data,
                 "config": _plain(config), "monitor": monitor, "embedding_l2": float(embedding_l2),
                 # YAML 1.1 reads a bare `off` as false (and `on` as true)
                 "unseen_dropout": ({True: "good_turing", False: "off"}[unseen_dropout]
@@ -225,16 +224,12 @@ class HybridRanker(pl.LightningModule):
         if not isinstance(self.position_bias, nn.Module):
             raise ValueError(f"position_bias must build an nn.Module, got {self.position_bias!r}")
         schema = self.data_info.get("schema")
-        if schema is None:
-            return
-        pos = (schema.get("columns") or {}).get("position")
-        if pos is None:
-            raise ValueError("a position-bias tower needs the display position: map a position "
-                             "column in the data config (columns.position)")
-        if pos in schema["numeric"]:
-            raise ValueError(f"the position column {pos!r} is also a numeric feature: the scorer "
-                             f"would learn the position effect the tower is for; drop it from "
-                             f"the features (simulator: data.source.position_feature=false)")
+        obstacle = None if schema is None else position_obstacle(schema)
+        if obstacle:
+            raise ValueError(f"{obstacle}: map a position column in the data config "
+                             f"(columns.position) that is not among the numeric features "
+                             f"(simulator: data.source.position_feature=false), or train without "
+                             f"a tower (position_bias=auto or none)")
 
     def _resolve_fields(self, names) -> dict[str, tuple[int, int]]:
         """``{name: (column of ListData.cat, number of codes)}`` of the calibration fields."""
