@@ -443,6 +443,9 @@ def test_sorted_logging_without_exploration_is_diagnosed():
     ident = tower.report()["identifiability"]
     assert ident["identified"] is False and "NOT identified" in ident["verdict"]
     assert ident["rank_correlation"] > 0.3
+    # the intervals' width is reported; a precision verdict about a confounded curve is not
+    assert ident["widest_half_width"] is not None, ident
+    assert ident["precise"] is None, ident
 
 
 def test_random_logging_is_not_flagged():

@@ -73,6 +73,9 @@ the train report and the export metadata. Identification is a property of the de
 is reported beside it: an identified effect is IMPRECISE when an offset's interval is wide, and
 UNRELIABLE when the traffic the offsets were fitted on holds fewer than
 ``MIN_IDENTIFYING_CLICKS`` clicks in the reference slot (its intervals cannot be trusted either).
+An effect that is not identified (or whose identification could not be measured) gets no
+precision verdict (``precise: null``): its intervals are narrow about whatever the offsets
+absorbed, which is no evidence about the position effect.
 """
 
 from __future__ import annotations
@@ -694,7 +697,12 @@ class PositionBias(nn.Module):
                   if s and j != ref and j < PRECISION_SLOTS and l is not None and h is not None]
         ident["widest_half_width"] = max(widths) if widths else None
         ident["precise"] = None if not widths else max(widths) <= PRECISE_HALF_WIDTH
-        if ident["too_few_clicks"]:  # its verdict says so already; narrow intervals prove nothing
+        if ident["identified"] is not True:
+            # narrow intervals around a confounded (or unmeasured) quantity are not precision:
+            # they measure the clicks' noise about what the offsets absorbed, not the position
+            # effect, so no verdict is given (``widest_half_width`` still says how wide they are)
+            ident["precise"] = None
+        elif ident["too_few_clicks"]:  # its verdict says so already; narrow intervals prove nothing
             ident["precise"] = False
         elif ident["identified"] and ident["precise"] is False:
             hw = max(widths)
