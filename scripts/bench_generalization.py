@@ -17,7 +17,8 @@ Per world and variant it reports, against the world's truth:
 - ``ndcg_gap``: NDCG@10 of the oracle minus the model's, with the true slot-1 CTR as linear gain
   (ranking candidates by what they are worth in the top slot; the position-free score);
 - ``pcoc_ref``: PCOC of the position-free pCTR (the export's ``pctr``: the tower's reference
-  slot, or a position-as-feature model scored with its position set to 1) against ``true_p_ref``;
+  slot, a position-as-feature model scored with its position set to 1, or the ``blind`` variant's
+  one score, position neither a feature nor a tower) against ``true_p_ref``;
   ``pcoc_ref_none``: the same without the calibrator; ``pcoc_drift``: the floor drift sets on
   it, the PCOC of a perfect model that cannot see time (the test rows' truth with the world's
   drift replaced by its mean over the training rows; 1 without drift); ``pcoc_floor``: drift and
@@ -86,6 +87,8 @@ VARIANTS: dict[str, tuple[list[str], bool]] = {
     "tower": (["position_bias=tower"], False),
     # nothing overridden, position not a feature: whatever the shipped click-log config does
     "shipped": ([], False),
+    # position neither a feature nor a tower: a position-blind model, what a log read naively gives
+    "blind": (["position_bias=none"], False),
     "fm": (["model=fm", "loss=bce"], True),
     "fm_tower": (["model=fm", "loss=bce", "position_bias=tower"], False),
 }
@@ -340,7 +343,9 @@ def evaluate_run(w: dict[str, Any], name: str, run: dict, scratch: Path) -> dict
                         "level_trend.mode=off")
         ref_static = st.join(truth.select(key), on=key, how="right", maintain_order="right")["pctr"].to_numpy()
     else:
-        logged_auto, logged_none = a["pctr_at_position"].to_numpy(), n["pctr_at_position"].to_numpy()
+        # a position-blind model (no tower, position not a feature) scores every slot alike
+        at = "pctr_at_position" if "pctr_at_position" in a.columns else "pctr"
+        logged_auto, logged_none = a[at].to_numpy(), n[at].to_numpy()
         ref_auto, ref_none = a["pctr"].to_numpy(), n["pctr"].to_numpy()
         st, _ = _export(ckpt, w["dir"] / "test.parquet", scratch / f"{_safe(name)}_static.parquet", "auto",
                         "level_trend.mode=off")
