@@ -704,7 +704,7 @@ class PositionBias(nn.Module):
             ident["precise"] = None
         elif ident["too_few_clicks"]:  # its verdict says so already; narrow intervals prove nothing
             ident["precise"] = False
-        elif ident["identified"] and ident["precise"] is False:
+        elif ident["precise"] is False:
             hw = max(widths)
             ident["verdict"] += (
                 f"; but IMPRECISE: the widest {100 * (1 - self.alpha):.0f} % interval of slots "
