@@ -305,6 +305,12 @@ class PositionBias(nn.Module):
             the weights still move, which spread less than the final model's: on randomly built
             logs with many clicks that left the deep slots' offsets about 0.05 logit too close to
             zero (docs/BENCHMARKS.md, "Random-order worlds at 400k impressions").
+        dropout: the share of training impressions whose offset the relevance model's loss does
+            not see (replaced by the batch's mean offset; :meth:`drop_offsets`), after the
+            position-feature dropout of Zhao et al. (2019): on a log sorted by relevance the
+            offsets absorb part of the sort, and the relevance model compensates by scoring the
+            items shown low too high; impressions without their offset pull the other way. The
+            offsets' own update, the validation loss and the serving score are unaffected.
 
     ``forward(position [B]) -> [B]`` offsets; training calls :meth:`accumulate` per batch and
     :meth:`update` once per epoch (``HybridRanker`` does both).
@@ -316,7 +322,8 @@ class PositionBias(nn.Module):
 
     def __init__(self, max_position: int = 50, reference_position: int = 1, tail: str = "share",
                  n_boot: int = 100, alpha: float = 0.05, seed: int = 0, max_ipw: float = 100.0,
-                 monotone: bool = True, pool: bool = True, refit: bool = True):
+                 monotone: bool = True, pool: bool = True, refit: bool = True,
+                 dropout: float = 0.0):
         super().__init__()
         if int(max_position) < 1 or not 1 <= int(reference_position) <= int(max_position):
             raise ValueError(f"reference_position={reference_position} must lie in "
@@ -333,6 +340,9 @@ class PositionBias(nn.Module):
         self.monotone = bool(monotone)
         self.pool = bool(pool)
         self.refit = bool(refit)
+        if not 0.0 <= float(dropout) < 1.0:
+            raise ValueError(f"position_bias.dropout must lie in [0, 1), got {dropout}")
+        self.dropout = float(dropout)
         s, k = self.max_position, self.n_boot
         f64 = torch.float64
         self.register_buffer("offset", torch.zeros(s))                   # b_j (float32 for serving)
@@ -376,6 +386,17 @@ class PositionBias(nn.Module):
     def forward(self, position: torch.Tensor) -> torch.Tensor:
         """``[B]`` logit offsets of 1-based positions ``[B]`` (0 at the reference slot)."""
         return self.offset[self.slot_index(position)]
+
+    def drop_offsets(self, out: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
+        """Training outputs ``out [B, n_outputs]`` (the click logit last, with each impression's
+        offset added) with the offset of a random ``dropout`` share of the impressions replaced
+        by the batch's mean offset; ``out`` itself when ``dropout`` is 0."""
+        if not self.dropout or out.shape[0] == 0:
+            return out
+        bias = self(position).to(out.dtype)
+        drop = torch.rand(bias.shape, device=bias.device) < self.dropout
+        delta = torch.where(drop, bias.mean() - bias, torch.zeros_like(bias))
+        return torch.cat([out[:, :-1], out[:, -1:] + delta.unsqueeze(-1)], dim=1)
 
     # --- estimation -----------------------------------------------------------------------------
     @torch.no_grad()
@@ -714,6 +735,7 @@ class PositionBias(nn.Module):
         return {
             "reference_position": self.reference_position, "max_position": self.max_position,
             "tail": self.tail, "monotone": self.monotone, "pool": self.pool, "refit": self.refit,
+            "dropout": self.dropout,
             "estimator": ("per-slot exact update each epoch (regression-EM step)"
                           + (", pooled toward a curve in log(slot) (empirical Bayes)" if self.pool else "")),
             "logit_offsets": self.offsets(),

@@ -421,6 +421,7 @@ class HybridRanker(pl.LightningModule):
         z, out = self.predict(batch.num, cat, batch.request, positions)
         if positions is not None:  # the tower's per-slot sums (its exact update runs per epoch)
             self._accumulate_offsets(batch, positions, z.detach(), self.global_step)
+            out = self.position_bias.drop_offsets(out, positions)
         logits = gather_lists(out, batch.rank_index, batch.rank_mask)
         labels = gather_lists(batch.label, batch.rank_index, batch.rank_mask)
         weights = None
