@@ -241,6 +241,49 @@ def test_serve_adds_the_offset_to_the_click_logit_only(n_outputs):
         assert torch.equal(out_pos[:, 0], out_serve[:, 0])
 
 
+@pytest.mark.parametrize("n_outputs", [1, 2])
+def test_offset_dropout_replaces_a_share_of_offsets_by_the_batch_mean(n_outputs):
+    """``drop_offsets``: about ``dropout`` of the rows get the batch's mean offset in place of
+    their own, only in the click-logit column; the rest, and every row at dropout 0, unchanged."""
+    offsets = torch.tensor([0.0, -0.4, -0.7, -0.9, -1.0])
+    pos = torch.randint(1, 6, (20_000,), generator=torch.Generator().manual_seed(1))
+    relevance = torch.randn(20_000, n_outputs, generator=torch.Generator().manual_seed(2))
+    out = relevance.clone()
+    out[:, -1] += offsets[pos - 1]
+    off = PositionBias(max_position=5)
+    off.offset.copy_(offsets)
+    assert off.drop_offsets(out, pos) is out
+    tower = PositionBias(max_position=5, dropout=0.25)
+    tower.offset.copy_(offsets)
+    torch.manual_seed(3)
+    dropped = tower.drop_offsets(out, pos)
+    seen = dropped[:, -1] - relevance[:, -1]               # the offset each row's loss sees
+    own = torch.isclose(seen, offsets[pos - 1], atol=1e-6)
+    mean = torch.isclose(seen, offsets[pos - 1].mean().expand_as(seen), atol=1e-6)
+    assert bool((own | mean).all())
+    assert not bool((own & mean).any())       # no slot's offset is the mean: every row tells
+    share = float(mean.float().mean())
+    assert abs(share - 0.25) < 0.015, share   # binomial sd 0.003
+    if n_outputs == 2:  # the no-click logit is untouched
+        assert torch.equal(dropped[:, 0], out[:, 0])
+    with pytest.raises(ValueError, match="dropout must lie in"):
+        PositionBias(dropout=1.0)
+
+
+def test_offset_dropout_trains_end_to_end_and_is_reported(tmp_path, compose_cfg):
+    """``position_bias.dropout`` through the command-line config: training runs, the offsets are
+    estimated as without it (finite, falling with the slot), and the report says the share."""
+    from hybridrank.cli.train import train
+
+    result = train(compose_cfg("config", f"paths.output_dir={tmp_path}", "data.source.n_users=300",
+                               "trainer.max_epochs=2", "experiment=position_bias",
+                               "model.position_bias.dropout=0.5", "model.position_bias.n_boot=0"))
+    rep = result["position_bias"]
+    assert rep["dropout"] == 0.5
+    offsets = np.array(rep["logit_offsets"][:5])
+    assert np.isfinite(offsets).all() and offsets[0] == 0.0 and offsets[4] < 0, offsets
+
+
 def test_model_refuses_position_as_a_feature_or_no_position():
     from hybridrank.data.readers import ColumnMap
     from hybridrank.data.schema import Schema
