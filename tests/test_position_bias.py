@@ -253,7 +253,7 @@ def test_offset_dropout_replaces_a_share_of_offsets_by_the_batch_mean(n_outputs)
     off = PositionBias(max_position=5)
     off.offset.copy_(offsets)
     assert off.drop_offsets(out, pos) is out
-    tower = PositionBias(max_position=5, dropout=0.25)
+    tower = PositionBias(max_position=5, dropout=0.25, dropout_when="always")
     tower.offset.copy_(offsets)
     torch.manual_seed(3)
     dropped = tower.drop_offsets(out, pos)
@@ -268,6 +268,28 @@ def test_offset_dropout_replaces_a_share_of_offsets_by_the_batch_mean(n_outputs)
         assert torch.equal(dropped[:, 0], out[:, 0])
     with pytest.raises(ValueError, match="dropout must lie in"):
         PositionBias(dropout=1.0)
+    with pytest.raises(ValueError, match="dropout_when must be one of"):
+        PositionBias(dropout=0.5, dropout_when="sometimes")
+
+
+def test_offset_dropout_acts_only_where_the_effect_is_not_identified():
+    """``dropout_when="not_identified"``: inert before the first update, on a random-order log
+    and where exploration requests identify the offsets; active on a sorted log without them."""
+    out = torch.zeros(4000, 1)
+    pos = torch.arange(4000) % 6 + 1
+
+    def changed(tower):
+        return bool((tower.drop_offsets(out, pos) != out).any())
+
+    for seed, explore, use_explore, confounded in ((1, 0.0, False, True), (2, 1.0, False, False),
+                                                   (3, 0.15, True, False)):
+        seen, slot, y, is_x, _ = _sorted_log(seed=seed, explore=explore)
+        tower = PositionBias(max_position=6, n_boot=0, dropout=0.5)
+        assert not tower.confounded() and not changed(tower)   # nothing measured yet
+        _feed(tower, seen, slot, y, is_x, use_explore=use_explore)
+        assert tower.confounded() is confounded
+        assert (tower.report()["identifiability"]["identified"] is False) is confounded
+        assert changed(tower) is confounded
 
 
 def test_offset_dropout_trains_end_to_end_and_is_reported(tmp_path, compose_cfg):
@@ -277,9 +299,10 @@ def test_offset_dropout_trains_end_to_end_and_is_reported(tmp_path, compose_cfg)
 
     result = train(compose_cfg("config", f"paths.output_dir={tmp_path}", "data.source.n_users=300",
                                "trainer.max_epochs=2", "experiment=position_bias",
-                               "model.position_bias.dropout=0.5", "model.position_bias.n_boot=0"))
+                               "model.position_bias.dropout=0.5", "model.position_bias.n_boot=0",
+                               "model.position_bias.dropout_when=always"))
     rep = result["position_bias"]
-    assert rep["dropout"] == 0.5
+    assert rep["dropout"] == 0.5 and rep["dropout_when"] == "always"
     offsets = np.array(rep["logit_offsets"][:5])
     assert np.isfinite(offsets).all() and offsets[0] == 0.0 and offsets[4] < 0, offsets
 

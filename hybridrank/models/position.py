@@ -91,6 +91,7 @@ from torch import nn
 __all__ = ["PositionBias", "position_obstacle", "resolve_tower", "slot_logit_step"]
 
 _TAILS = ("share", "error")
+_DROPOUT_WHEN = ("not_identified", "always")
 _PSEUDO = 0.5  # pseudo-count of clicks and non-clicks in every logit of a ratio (no log(0))
 #: mean within-request rank correlation of slot and relevance above which in absolute value (and
 #: 3 SE from 0) the logging policy is taken to sort by relevance. Measured on randomly built logs
@@ -311,6 +312,9 @@ class PositionBias(nn.Module):
             offsets absorb part of the sort, and the relevance model compensates by scoring the
             items shown low too high; impressions without their offset pull the other way. The
             offsets' own update, the validation loss and the serving score are unaffected.
+        dropout_when: ``"not_identified"``: only while the last update read the position effect
+            as NOT identified (:meth:`confounded`: a sorted log, no exploration or propensities),
+            so identified logs train exactly as without it; ``"always"``: every epoch.
 
     ``forward(position [B]) -> [B]`` offsets; training calls :meth:`accumulate` per batch and
     :meth:`update` once per epoch (``HybridRanker`` does both).
@@ -323,7 +327,7 @@ class PositionBias(nn.Module):
     def __init__(self, max_position: int = 50, reference_position: int = 1, tail: str = "share",
                  n_boot: int = 100, alpha: float = 0.05, seed: int = 0, max_ipw: float = 100.0,
                  monotone: bool = True, pool: bool = True, refit: bool = True,
-                 dropout: float = 0.0):
+                 dropout: float = 0.0, dropout_when: str = "not_identified"):
         super().__init__()
         if int(max_position) < 1 or not 1 <= int(reference_position) <= int(max_position):
             raise ValueError(f"reference_position={reference_position} must lie in "
@@ -343,6 +347,10 @@ class PositionBias(nn.Module):
         if not 0.0 <= float(dropout) < 1.0:
             raise ValueError(f"position_bias.dropout must lie in [0, 1), got {dropout}")
         self.dropout = float(dropout)
+        if dropout_when not in _DROPOUT_WHEN:
+            raise ValueError(f"position_bias.dropout_when must be one of {_DROPOUT_WHEN}, got "
+                             f"{dropout_when!r}")
+        self.dropout_when = dropout_when
         s, k = self.max_position, self.n_boot
         f64 = torch.float64
         self.register_buffer("offset", torch.zeros(s))                   # b_j (float32 for serving)
@@ -390,8 +398,11 @@ class PositionBias(nn.Module):
     def drop_offsets(self, out: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
         """Training outputs ``out [B, n_outputs]`` (the click logit last, with each impression's
         offset added) with the offset of a random ``dropout`` share of the impressions replaced
-        by the batch's mean offset; ``out`` itself when ``dropout`` is 0."""
+        by the batch's mean offset; ``out`` itself when ``dropout`` is 0, and with
+        ``dropout_when="not_identified"`` while the effect is not :meth:`confounded`."""
         if not self.dropout or out.shape[0] == 0:
+            return out
+        if self.dropout_when == "not_identified" and not self.confounded():
             return out
         bias = self(position).to(out.dtype)
         drop = torch.rand(bias.shape, device=bias.device) < self.dropout
@@ -630,19 +641,33 @@ class PositionBias(nn.Module):
         return self.offset.double().tolist()
 
     @torch.no_grad()
-    def identifiability(self) -> dict[str, Any]:
-        """Is the position effect identified by this data? The evidence of the last update and a
-        verdict in plain words (see the module docstring)."""
+    def _rank_evidence(self) -> tuple[float | None, float | None, float, bool]:
+        """The last update's mean within-request rank correlation of slot and relevance, its
+        standard error, the requests it was measured on, and whether it says the logging policy
+        sorts (beyond ``SORTED_CORRELATION`` in absolute value and 3 standard errors)."""
         d = self.diag[1].tolist()
         n = d[2]
         corr = d[0] / n if n else None
         se = math.sqrt(max(d[1] / n - corr * corr, 0.0) / n) if n > 1 else None
-        share = d[3] / d[4] if d[4] else 0.0
-        mode = ("all", "exploration", "propensity")[int(self.mode)]
         # either sign: a tower that has absorbed relevance makes the relevance model compensate
         # in the lower slots, and the correlation can come out negative on a sorted log
         sorted_policy = (corr is not None and abs(corr) > SORTED_CORRELATION
                          and (se is None or abs(corr) > 3 * se))
+        return corr, se, n, sorted_policy
+
+    def confounded(self) -> bool:
+        """Did the last update read the position effect as NOT identified (the offsets fitted on
+        all the traffic of a log whose slots follow the model's relevance)? False before any."""
+        return bool(int(self.updates) > 0 and int(self.mode) == 0 and self._rank_evidence()[3])
+
+    @torch.no_grad()
+    def identifiability(self) -> dict[str, Any]:
+        """Is the position effect identified by this data? The evidence of the last update and a
+        verdict in plain words (see the module docstring)."""
+        d = self.diag[1].tolist()
+        corr, se, n, sorted_policy = self._rank_evidence()
+        share = d[3] / d[4] if d[4] else 0.0
+        mode = ("all", "exploration", "propensity")[int(self.mode)]
         ref_clicks = float(self.last_fit[0, self.reference_position - 1])
         few = ref_clicks < MIN_IDENTIFYING_CLICKS
         if mode != "all":
@@ -735,7 +760,7 @@ class PositionBias(nn.Module):
         return {
             "reference_position": self.reference_position, "max_position": self.max_position,
             "tail": self.tail, "monotone": self.monotone, "pool": self.pool, "refit": self.refit,
-            "dropout": self.dropout,
+            "dropout": self.dropout, "dropout_when": self.dropout_when,
             "estimator": ("per-slot exact update each epoch (regression-EM step)"
                           + (", pooled toward a curve in log(slot) (empirical Bayes)" if self.pool else "")),
             "logit_offsets": self.offsets(),
