@@ -290,6 +290,9 @@ def test_offset_dropout_acts_only_where_the_effect_is_not_identified():
         assert tower.confounded() is confounded
         assert (tower.report()["identifiability"]["identified"] is False) is confounded
         assert changed(tower) is confounded
+        rep = tower.report()
+        assert rep["dropout_active"] is confounded
+        assert ("replaced by their mean" in rep["identifiability"]["verdict"]) is confounded
 
 
 def test_offset_dropout_trains_end_to_end_and_is_reported(tmp_path, compose_cfg):

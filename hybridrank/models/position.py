@@ -685,6 +685,10 @@ class PositionBias(nn.Module):
                 f"propensities are mapped; the offsets absorb whatever relevance the features do "
                 f"not explain, and the position-free pCTR rests on the ASSUMPTION that the features "
                 f"explain the logging order (map an exploration column or propensities)"), False
+            if self.dropout:
+                verdict += (f"; the relevance model trained with {self.dropout:.0%} of the "
+                            f"offsets replaced by their mean (position_bias.dropout), so as not to "
+                            f"compensate for them")
         else:
             verdict, identified = (f"identified: the logged slot is independent of the model's "
                                    f"relevance (mean within-request rank correlation {corr:.2f})"), True
@@ -761,6 +765,9 @@ class PositionBias(nn.Module):
             "reference_position": self.reference_position, "max_position": self.max_position,
             "tail": self.tail, "monotone": self.monotone, "pool": self.pool, "refit": self.refit,
             "dropout": self.dropout, "dropout_when": self.dropout_when,
+            # whether the last epoch's relevance training dropped offsets (the rule as it stands)
+            "dropout_active": bool(self.dropout) and (self.dropout_when == "always"
+                                                      or self.confounded()),
             "estimator": ("per-slot exact update each epoch (regression-EM step)"
                           + (", pooled toward a curve in log(slot) (empirical Bayes)" if self.pool else "")),
             "logit_offsets": self.offsets(),
