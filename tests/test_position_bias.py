@@ -292,6 +292,10 @@ def test_offset_dropout_acts_only_where_the_effect_is_not_identified():
         assert changed(tower) is confounded
         rep = tower.report()
         assert rep["dropout_active"] is confounded
+        restored = PositionBias(max_position=6, n_boot=0, dropout=0.5)
+        assert not restored.confounded()                      # read before loading: cached False
+        restored.load_state_dict(tower.state_dict())
+        assert restored.confounded() is confounded            # the cache does not survive a load
         assert ("replaced by their mean" in rep["identifiability"]["verdict"]) is confounded
 
 

@@ -347,6 +347,7 @@ class PositionBias(nn.Module):
         if not 0.0 <= float(dropout) < 1.0:
             raise ValueError(f"position_bias.dropout must lie in [0, 1), got {dropout}")
         self.dropout = float(dropout)
+        self._confounded: bool | None = None  # cache of confounded(), cleared by each update
         if dropout_when not in _DROPOUT_WHEN:
             raise ValueError(f"position_bias.dropout_when must be one of {_DROPOUT_WHEN}, got "
                              f"{dropout_when!r}")
@@ -559,6 +560,7 @@ class PositionBias(nn.Module):
         self.boot_sums.zero_()
         self.updates += 1
         self.last_change.fill_(change)
+        self._confounded = None  # re-read from the new diagnosis on the next training step
         return change, ref_step
 
     def _percentiles(self, reps: torch.Tensor) -> torch.Tensor:
@@ -571,6 +573,7 @@ class PositionBias(nn.Module):
         state_dict.setdefault(prefix + "bounds", torch.full_like(self.bounds, math.nan))
         state_dict.setdefault(prefix + "level_bounds", torch.full_like(self.level_bounds, math.nan))
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+        self._confounded = None
 
     def _pool(self, level: torch.Tensor, info: torch.Tensor, est: torch.Tensor) -> torch.Tensor:
         """With ``pool``: each estimated slot's click logit shrunk toward a smooth curve in the
@@ -657,8 +660,13 @@ class PositionBias(nn.Module):
 
     def confounded(self) -> bool:
         """Did the last update read the position effect as NOT identified (the offsets fitted on
-        all the traffic of a log whose slots follow the model's relevance)? False before any."""
-        return bool(int(self.updates) > 0 and int(self.mode) == 0 and self._rank_evidence()[3])
+        all the traffic of a log whose slots follow the model's relevance)? False before any.
+        Read once per update (every training step asks; on a GPU each read of a buffer would
+        wait for the device)."""
+        if self._confounded is None:
+            self._confounded = bool(int(self.updates) > 0 and int(self.mode) == 0
+                                    and self._rank_evidence()[3])
+        return self._confounded
 
     @torch.no_grad()
     def identifiability(self) -> dict[str, Any]:
