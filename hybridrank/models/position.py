@@ -773,7 +773,8 @@ class PositionBias(nn.Module):
             "reference_position": self.reference_position, "max_position": self.max_position,
             "tail": self.tail, "monotone": self.monotone, "pool": self.pool, "refit": self.refit,
             "dropout": self.dropout, "dropout_when": self.dropout_when,
-            # whether the last epoch's relevance training dropped offsets (the rule as it stands)
+            # whether the rule drops offsets as of the last update (with not_identified: whether
+            # that update read the effect as NOT identified)
             "dropout_active": bool(self.dropout) and (self.dropout_when == "always"
                                                       or self.confounded()),
             "estimator": ("per-slot exact update each epoch (regression-EM step)"
