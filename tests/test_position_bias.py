@@ -250,7 +250,7 @@ def test_offset_dropout_replaces_a_share_of_offsets_by_the_batch_mean(n_outputs)
     relevance = torch.randn(20_000, n_outputs, generator=torch.Generator().manual_seed(2))
     out = relevance.clone()
     out[:, -1] += offsets[pos - 1]
-    off = PositionBias(max_position=5)
+    off = PositionBias(max_position=5, dropout=0.0, dropout_when="always")
     off.offset.copy_(offsets)
     assert off.drop_offsets(out, pos) is out
     tower = PositionBias(max_position=5, dropout=0.25, dropout_when="always")
