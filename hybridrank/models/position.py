@@ -311,7 +311,10 @@ class PositionBias(nn.Module):
             position-feature dropout of Zhao et al. (2019): on a log sorted by relevance the
             offsets absorb part of the sort, and the relevance model compensates by scoring the
             items shown low too high; impressions without their offset pull the other way. The
-            offsets' own update, the validation loss and the serving score are unaffected. 0.9
+            offsets' own update, the validation loss and the serving score are unaffected. The
+            larger the share, the closer the relevance model comes to a position-blind fit of the
+            logged clicks, true position effect included; the validation loss (logged slots) then
+            rises and the stopping rule can keep the first epoch, trained before any dropout. 0.5
             by default, with ``dropout_when="not_identified"`` (docs/BENCHMARKS.md, "Offset
             dropout"; 0 turns it off).
         dropout_when: ``"not_identified"``: only while the last update read the position effect
@@ -329,7 +332,7 @@ class PositionBias(nn.Module):
     def __init__(self, max_position: int = 50, reference_position: int = 1, tail: str = "share",
                  n_boot: int = 100, alpha: float = 0.05, seed: int = 0, max_ipw: float = 100.0,
                  monotone: bool = True, pool: bool = True, refit: bool = True,
-                 dropout: float = 0.9, dropout_when: str = "not_identified"):
+                 dropout: float = 0.5, dropout_when: str = "not_identified"):
         super().__init__()
         if int(max_position) < 1 or not 1 <= int(reference_position) <= int(max_position):
             raise ValueError(f"reference_position={reference_position} must lie in "
