@@ -319,7 +319,8 @@ class PositionBias(nn.Module):
             dropout"; 0 turns it off).
         dropout_when: ``"not_identified"``: only while the last update read the position effect
             as NOT identified (:meth:`confounded`: a sorted log, no exploration or propensities),
-            so identified logs train exactly as without it; ``"always"``: every epoch.
+            so identified logs train exactly as without it; ``"always"``: every epoch after the first
+            update (before it every offset is 0, so dropout can change nothing in the first epoch).
 
     ``forward(position [B]) -> [B]`` offsets; training calls :meth:`accumulate` per batch and
     :meth:`update` once per epoch (``HybridRanker`` does both).
@@ -649,11 +650,13 @@ class PositionBias(nn.Module):
         return self.offset.double().tolist()
 
     @torch.no_grad()
-    def _rank_evidence(self) -> tuple[float | None, float | None, float, bool]:
+    def _rank_evidence(self, d: list[float] | None = None
+                       ) -> tuple[float | None, float | None, float, bool]:
         """The last update's mean within-request rank correlation of slot and relevance, its
         standard error, the requests it was measured on, and whether it says the logging policy
-        sorts (beyond ``SORTED_CORRELATION`` in absolute value and 3 standard errors)."""
-        d = self.diag[1].tolist()
+        sorts (beyond ``SORTED_CORRELATION`` in absolute value and 3 standard errors). ``d``: the
+        diagnosis row ``diag[1]`` when the caller has read it already."""
+        d = self.diag[1].tolist() if d is None else d
         n = d[2]
         corr = d[0] / n if n else None
         se = math.sqrt(max(d[1] / n - corr * corr, 0.0) / n) if n > 1 else None
@@ -678,7 +681,7 @@ class PositionBias(nn.Module):
         """Is the position effect identified by this data? The evidence of the last update and a
         verdict in plain words (see the module docstring)."""
         d = self.diag[1].tolist()
-        corr, se, n, sorted_policy = self._rank_evidence()
+        corr, se, n, sorted_policy = self._rank_evidence(d)
         share = d[3] / d[4] if d[4] else 0.0
         mode = ("all", "exploration", "propensity")[int(self.mode)]
         ref_clicks = float(self.last_fit[0, self.reference_position - 1])
