@@ -236,6 +236,35 @@ def test_the_stability_test_reads_the_gaps_before_a_trend_already_applied():
     assert own.decision["stability"]["p_value"] == pytest.approx(aware.decision["stability"]["p_value"])
 
 
+def test_a_level_trend_already_applied_keeps_the_identity():
+    """When the export follows a level trend (``moved`` varies with time), its test already found
+    the click level moving on more rows than the calibration split holds: ``auto`` keeps the
+    identity even where the split's own Q test reads the gap as stable, and says why. Here the
+    model is off by a constant 0.4 logit (Q stable), so a calibrator would pass; a constant
+    ``moved`` (no trend) changes nothing."""
+    g = torch.Generator().manual_seed(15)
+    n_req, size = 3000, 10
+    z = torch.randn(n_req * size, generator=g) - 3.0
+    req = torch.arange(n_req * size) // size
+    t = req.double()
+    y = (torch.rand(n_req * size, generator=g) < torch.sigmoid(z - 0.4)).double()
+    plain = AutoCalibrator().fit(z, y, groups=req, order=t, moved=torch.zeros_like(z))
+    assert plain.decision["stability"]["stable"] is True
+    assert plain.decision["stability"]["level_trend_applied"] is False
+    assert plain.chosen.name != "none"
+    trend = 1e-6 * (t - t.mean())                       # tiny, but a trend: the level moves
+    kept = AutoCalibrator().fit(z + trend, y, groups=req, order=t, moved=trend)
+    assert kept.decision["stability"]["stable"] is True
+    assert kept.decision["stability"]["level_trend_applied"] is True
+    assert kept.chosen.name == "none"
+    overruled = [c["overruled"] for c in kept.decision["candidates"].values() if "overruled" in c]
+    assert overruled and "level trend" in overruled[0]
+    assert "follows a level trend" in kept.describe()
+    # without request times there are no time blocks, and a trend cannot vary: nothing changes
+    untimed = AutoCalibrator().fit(z, y, groups=req)
+    assert untimed.chosen.name != "none" and untimed.decision["stability"] is None
+
+
 def test_level_trend_is_the_weighted_slope_of_the_gap_and_flags_a_drifting_level():
     """``level_stability``'s trend: the inverse-variance weighted slope of the per-block gap on
     the block's order (numpy's weighted least squares as the reference, on the gaps and variances
