@@ -256,6 +256,49 @@ def test_offsets_bench_recovers_known_offsets_and_its_floor_solves_the_click_equ
         assert row["shipped"]["level_covered"]
 
 
+def test_offsets_ceiling_matches_a_brute_force_per_slot_estimator(monkeypatch):
+    """bench_offsets' ceiling without a shape assumption against the estimator it describes,
+    simulated: clicks drawn again and again for fixed rows, each slot's logit estimated from its
+    own clicks (exploration rows only, when marked), the offsets against slot 1, the level slot
+    1's own (unmarked) or every click's given the offsets (marked, solved by the bench's own
+    level fit). The shares of draws meeting each target agree within Monte Carlo error."""
+    monkeypatch.syspath_prepend(str(SCRIPTS))
+    import bench_offsets as BO
+    import numpy as np
+
+    rng = np.random.default_rng(5)
+    true = np.array([0.0, -0.35, -0.6])                   # offsets of slots 1-3
+    level, per_slot = -2.6, 9000
+    pos = np.repeat(np.arange(1, 4), per_slot)
+    p = BO._sigmoid(level + true[pos - 1])
+    rel_test = np.full(500, level)
+    reps = 1500
+    for marked in (False, True):
+        fit = (np.arange(pos.size) % 3 == 0) if marked else np.ones(pos.size, dtype=bool)
+        got = BO.information_ceiling(pos, p, fit, rel_test, marked=marked, top=3, seed=1)
+        hits = {name: 0 for name, _, _ in BO.TARGETS} | {"pcoc_band": 0}
+        for _ in range(reps):
+            y = (rng.random(pos.size) < p).astype(np.float64)
+            rate = np.array([y[fit & (pos == j)].mean() for j in (1, 2, 3)])
+            theta = np.log(rate / (1 - rate))
+            off = theta - theta[0]
+            if marked:   # the level from every click given the estimated offsets
+                c = BO.level_shift(off[pos - 1], y.sum())
+            else:
+                c = theta[0]
+            pcoc = float(BO._sigmoid(rel_test - level + c).sum() / BO._sigmoid(rel_test).sum())
+            worst = float(np.max(np.abs(off[1:] - true[1:])))
+            for name, band, tol in BO.TARGETS:
+                hits[name] += abs(pcoc - 1) <= band and worst <= tol
+            hits["pcoc_band"] += abs(pcoc - 1) <= 0.05
+        for name, count in hits.items():
+            assert got[name] == pytest.approx(count / reps, abs=0.05), (marked, name, got, hits)
+        assert 0.05 < got["pcoc_band"] < 0.95  # the check is not trivially at an end
+    # a slot the fitted rows never reach cannot be estimated without a shape assumption
+    none = BO.information_ceiling(pos, p, pos != 2, rel_test, marked=True, top=3)
+    assert all(v == 0.0 for v in none.values())
+
+
 def test_level_trend_bench_follows_a_linear_drift_and_leaves_a_flat_level(monkeypatch):
     """bench_level_trend on tiny worlds: without drift the perfect time-blind model is left as it
     is (no trend applied, every rule equal); with a strong linear drift pinned, the shipped rule
