@@ -27,6 +27,12 @@ Per world and variant it reports, against the world's truth:
   ``pcoc_static``: ``pcoc_ref`` exported with ``level_trend.mode=off``, and ``trend``: the
   level trend the export applied (logit per day; empty when its tests did not pass);
 - ``offset_err``: the largest error of the tower's offsets for slots 2..min(10, longest list);
+- ``slot_err``: the same offsets as an auction uses them, on this model's scores: the largest
+  ``|log(PCOC_j / PCOC_1)|`` over those slots, where ``PCOC_j`` compares ``sigmoid(logit(pctr) +
+  offset_j)`` (no calibrator) with the true CTR in slot ``j`` over the test candidates. A model
+  that cannot resolve all of an item's relevance is calibrated with offsets flatter than the
+  truth's (averaging over what it cannot see flattens a logit shift), so ``offset_err`` can be
+  large where the slot CTRs it implies are right;
 - ``auto``: what ``calibrator=auto`` chose, and ``d_ll``: test log loss (clicks) with it minus
   without it, with its standard error over requests (``d_ll_se``);
 - ``welfare``: welfare of a GSP replay (3 slots, the world's true slot curve as slot factors, bids
@@ -172,6 +178,10 @@ def _drift(world: World, frame: pl.DataFrame) -> np.ndarray:
 def _logit(p: np.ndarray) -> np.ndarray:
     p = np.clip(p, 1e-12, 1 - 1e-12)
     return np.log(p / (1 - p))
+
+
+def _sigmoid(z: np.ndarray) -> np.ndarray:
+    return 1.0 / (1.0 + np.exp(-z))
 
 
 def level_shift(logit: np.ndarray, clicks: float, tol: float = 1e-12) -> float:
@@ -361,6 +371,8 @@ def evaluate_run(w: dict[str, Any], name: str, run: dict, scratch: Path) -> dict
             inside = [lo[j] <= world.offsets[j + 1] <= hi[j] for j in range(1, top)
                       if j < len(lo) and lo[j] is not None and hi[j] is not None]
             row["offsets_covered"] = f"{sum(inside)}/{len(inside)}" if inside else None
+            row["slot_err"] = slot_ctr_error(_logit(ref_none), _logit(p_ref), learned[:top],
+                                             np.asarray(world.offsets[1:top + 1]))
         level = info.get("serving_level")
         if level:  # the serving level's interval; its coverage is read below, against pcoc_ref_none
             row["level_lo"], row["level_hi"] = level["interval_logit"]
@@ -391,6 +403,17 @@ def evaluate_run(w: dict[str, Any], name: str, run: dict, scratch: Path) -> dict
     row["welfare"] = _welfare(a, ref_auto, p_ref, world, "request_id", "bid_log")
     row.update(_unseen_rows(w, a["item_id"], ref_auto, p_ref))
     return row
+
+
+def slot_ctr_error(z_model: np.ndarray, z_true: np.ndarray, offsets: np.ndarray,
+                   true_offsets: np.ndarray) -> float:
+    """``slot_err``: the largest ``|log(PCOC_j / PCOC_1)|`` over slots ``j >= 2``, where ``PCOC_j``
+    is ``sum sigmoid(z_model + offsets[j - 1]) / sum sigmoid(z_true + true_offsets[j - 1])`` over
+    the candidates: how far the slot CTRs a model's offsets imply are from the truth's, its level
+    aside (``z_model``: the model's position-free logits; ``z_true``: the true ones)."""
+    pcoc = [float(_sigmoid(z_model + b).sum() / _sigmoid(z_true + t).sum())
+            for b, t in zip(offsets, true_offsets)]
+    return float(max(abs(math.log(pc / pcoc[0])) for pc in pcoc[1:]))
 
 
 def _unseen_rows(w: dict[str, Any], items: pl.Series, pctr: np.ndarray, p_ref: np.ndarray) -> dict[str, Any]:
@@ -427,8 +450,11 @@ def reference_row(w: dict[str, Any]) -> dict[str, Any]:
 # ----------------------------------------------------------------------------------------------
 # reporting
 # ----------------------------------------------------------------------------------------------
+#: slot CTRs "within 0.1": ``slot_err <= 0.1`` (a CTR ratio off by about 10 %), the scale of the
+#: offsets' 0.1-logit criterion, so that the two columns compare
+SLOT_TOL = 0.1
 COLS = ("excess", "ndcg_gap", "pcoc_ref", "pcoc_ref_none", "pcoc_static", "trend", "pcoc_drift",
-        "pcoc_floor", "offset_err",
+        "pcoc_floor", "offset_err", "slot_err",
         "offsets_covered", "identified", "precise", "auto", "d_ll", "welfare", "new_share", "pcoc_new",
         "pcoc_seen", "epochs", "stop")
 
@@ -459,10 +485,11 @@ def aggregate(results: Sequence[Mapping[str, Any]]) -> str:
             by.setdefault(row["variant"], []).append({**row, "_world": r})
     lines = ["| variant | worlds | median excess | median NDCG gap | PCOC@ref in [0.95, 1.05] | "
              "... where the drift floor is in [0.97, 1.03] | ... where the floor (drift and clicks) is | "
-             "offsets within 0.1 | offsets within 0.2 | level interval holds the truth | "
+             "offsets within 0.1 | offsets within 0.2 | slot CTRs within 0.1 (slot_err) | "
+             "level interval holds the truth | "
              "diagnosis fired (unidentifiable / identifiable) | "
              "auto > 1 SE worse | median welfare | stopped on criterion |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, rows in by.items():
         def share(pred, pool=rows):
             pool = [x for x in pool if pred(x) is not None]
@@ -486,6 +513,7 @@ def aggregate(results: Sequence[Mapping[str, Any]]) -> str:
             f"{share(lambda x: 0.95 <= x['pcoc_ref'] <= 1.05, reachable)} | "
             f"{share(lambda x: None if x.get('offset_err') is None else x['offset_err'] <= 0.1, identifiable)} | "
             f"{share(lambda x: None if x.get('offset_err') is None else x['offset_err'] <= 0.2, identifiable)} | "
+            f"{share(lambda x: None if x.get('slot_err') is None else x['slot_err'] <= SLOT_TOL, identifiable)} | "
             f"{share(lambda x: x.get('level_covered'), identifiable)} | "
             f"{share(lambda x: None if x.get('identified') is None else not x['identified'], unidentifiable)}"
             f" / {share(lambda x: None if x.get('identified') is None else not x['identified'], identifiable)} | "

@@ -59,7 +59,7 @@ from hybridrank.data.worlds import draw_world, simulate_world
 from hybridrank.models.position import PositionBias
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_generalization import SPLIT, _logit, _pin, level_shift  # noqa: E402  (the CLI runs' split)
+from bench_generalization import SPLIT, _logit, _pin, _sigmoid, level_shift  # noqa: E402  (the CLI runs' split)
 
 #: name -> (PositionBias switches, exploration marked?). Unmarked, the tower fits the offsets
 #: on every impression and the level on the reference slot's pooled click logit; marked, the
@@ -74,10 +74,6 @@ ESTIMATORS: dict[str, tuple[dict[str, bool], bool]] = {
     "shipped_marked": ({}, True),
     "no_pool_marked": ({"pool": False}, True),
 }
-
-
-def _sigmoid(z: np.ndarray) -> np.ndarray:
-    return 1.0 / (1.0 + np.exp(-z))
 
 
 def fit_offsets(position: np.ndarray, relevance: np.ndarray, click: np.ndarray, request: np.ndarray,

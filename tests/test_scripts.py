@@ -137,6 +137,7 @@ def test_generalization_bench_on_a_small_random_world(script, tmp_path):
     assert slots >= 3 and covered >= slots - 1, row
     assert 0.8 < row["pcoc_ref"] < 1.25, row
     assert row["excess"] > 0 and 0 < row["welfare"] <= 1.0 + 1e-9, row
+    assert 0 <= row["slot_err"] < 1.0, row
     assert "| 4000 | tower |" in p.stdout  # the per-world table is printed
     # the export's serving-level interval, and whether it held the truth (its own rule)
     assert row["level_lo"] < row["level_hi"], row
@@ -146,6 +147,35 @@ def test_generalization_bench_on_a_small_random_world(script, tmp_path):
     if row["pcoc_new"] is not None:
         lo, hi = sorted((row["pcoc_new"], row["pcoc_seen"]))
         assert lo - 1e-9 <= row["pcoc_ref"] <= hi + 1e-9, row
+
+
+def test_slot_error_reads_offsets_as_an_auction_does(monkeypatch):
+    """bench_generalization's ``slot_err`` (brute-force loop as the reference), and the reason for
+    it: a model that cannot tell two kinds of item apart (true logits -3 and 0, half each; it
+    scores both at their average CTR) is calibrated in every slot only with offsets flatter than
+    the truth's, so its offsets miss the truth by more than 0.1 logit while the slot CTRs they
+    imply are exact."""
+    monkeypatch.syspath_prepend(str(SCRIPTS))
+    import bench_generalization as BG
+    import numpy as np
+
+    z_true = np.repeat([-3.0, 0.0], 500)
+    true = np.array([0.0, -0.5, -1.0, -1.4])
+    z_model = np.full(z_true.size, BG._logit(np.array([BG._sigmoid(z_true).mean()]))[0])
+    fitted = BG._logit(np.array([BG._sigmoid(z_true + b).mean() for b in true])) - z_model[0]
+    assert np.max(np.abs(fitted - true)) > 0.1                  # offsets "wrong" ...
+    assert BG.slot_ctr_error(z_model, z_true, fitted, true) < 1e-9   # ... slot CTRs right
+    # against a loop, on arbitrary values
+    rng = np.random.default_rng(2)
+    zm, zt = rng.normal(-2, 1, 300), rng.normal(-2, 1.3, 300)
+    off, tru = np.array([0.0, -0.2, -0.7]), np.array([0.0, -0.3, -0.5])
+    ratios = []
+    for j in range(3):
+        num = sum(1 / (1 + math.exp(-(a + off[j]))) for a in zm)
+        den = sum(1 / (1 + math.exp(-(b + tru[j]))) for b in zt)
+        ratios.append(num / den)
+    want = max(abs(math.log(r / ratios[0])) for r in ratios[1:])
+    assert BG.slot_ctr_error(zm, zt, off, tru) == pytest.approx(want, rel=1e-9)
 
 
 def test_generalization_bench_splits_pcoc_by_items_unseen_in_training(monkeypatch):
