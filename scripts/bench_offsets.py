@@ -33,8 +33,9 @@ own clicks: with the true relevance, the best it can do (unbiased, at the inform
 per-slot error ``eps_j ~ Normal(0, 1 / I_j)``, ``I_j = sum p (1 - p)`` over the slot's training
 rows (the true click probabilities; exploration rows only where the offsets come from them). So
 the offsets' errors are ``eps_j - eps_1`` and the level's is ``eps_1`` (random order, unmarked), or,
-with exploration marked, the all-traffic level given those offsets (``eta - sum_j w_j (eps_j -
-eps_1)``, ``eta ~ Normal(0, 1 / I)``, ``w_j = I_j / I`` over all rows). Drawn 20,000 times, the share
+with exploration marked, the all-traffic level given those offsets: the score of every click
+(the exploration rows' noise, the same draws as the offsets', plus the other rows' own) minus what
+the offsets' errors move, over the information of all rows. Drawn 20,000 times, the share
 of draws meeting a target is the chance that such an estimator meets it in this world (PCOC on the
 test rows without drift: the click noise alone). Its sum over worlds is the number of worlds it
 can be expected to meet a target in. Pooling and the monotone projection are shape assumptions:
@@ -131,6 +132,7 @@ def information_ceiling(position: np.ndarray, p_true: np.ndarray, fit_rows: np.n
     if np.any(i_fit[:top] <= 0):
         return {name: 0.0 for name, _, _ in TARGETS} | {"pcoc_band": 0.0}
     rng = np.random.default_rng(seed)
+    # a slot past ``top`` without fitted rows is taken as known (no error of its own): a ceiling
     sd = np.where(i_fit > 0, 1.0 / np.sqrt(np.maximum(i_fit, 1e-300)), 0.0)
     eps = rng.standard_normal((N_DRAWS, slots)) * sd                     # [D, S]
     err = eps - eps[:, :1]                                               # offsets' errors
