@@ -28,7 +28,6 @@ _EXPORTS = {
     "unit_ids": "hybridrank.data.sampler", "ClickLogScanner": "hybridrank.data.scanner",
     "simulate_clicklog": "hybridrank.data.simulate",
     "StreamingClickLogSource": "hybridrank.data.streaming",
-    "StreamingDataModule": "hybridrank.data.streaming",
     # losses
     "LOSSES": "hybridrank.losses", "HybridLoss": "hybridrank.losses", "click_logit": "hybridrank.losses",
     # metrics

@@ -16,7 +16,6 @@ import torch
 from hybridrank.cli.train import build_model, build_trainer
 from hybridrank.data.datamodule import ListDataModule
 from hybridrank.data.simulate import simulate_clicklog
-from hybridrank.data.streaming import StreamingDataModule
 from hybridrank.losses import HybridLoss
 from hybridrank.metrics.list_metrics import ListMetrics
 from hybridrank.models.ranker import HybridRanker
@@ -77,7 +76,7 @@ def test_data_options_build_their_datamodule(name, compose_cfg, sim_log, request
         request.getfixturevalue("real_data")
     cfg = compose_cfg("config", *data_overrides(name, sim_log))
     dm = hydra.utils.instantiate(cfg.data)
-    assert isinstance(dm, ListDataModule | StreamingDataModule)
+    assert isinstance(dm, ListDataModule)
     info = dm.model_data()
     schema = info["schema"]
     assert schema["label_max"] == cfg.data.source.label_max

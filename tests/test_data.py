@@ -21,7 +21,8 @@ from hybridrank.data.libsvm import read_libsvm
 from hybridrank.data.readers import ColumnMap, normalize_types, read_clicklog, validate_frame
 from hybridrank.data.schema import Schema
 from hybridrank.data.simulate import simulate_clicklog
-from hybridrank.data.sources import SIM_COLUMNS_MAP, ClickLogSource, LetorSource, SimulatedSource, Splits, split_frame
+from hybridrank.data.sources import SIM_COLUMNS_MAP, ClickLogSource, LetorSource, SimulatedSource, Splits
+from hybridrank.data.splits import split_frame
 
 ROOT = Path(__file__).resolve().parents[1]
 FEATS = [f"f{i}" for i in range(1, 47)]
@@ -424,6 +425,31 @@ def test_split_errors():
         split_frame(df, ColumnMap(request="req", label="y"), by="hash", key="session")
 
 
+def test_hash_split_places_each_key_by_its_own_bucket():
+    """A hash split is a rule per key (what makes it the same chunk by chunk as over the whole
+    log): checked against a loop that hashes each session alone, and over two halves of the
+    log split separately."""
+    from hybridrank.data.splits import DEFAULT_SPLIT, split_parts, split_spec
+
+    df = random_log(3000)
+    parts = split_frame(df, RANDOM_MAP, by="hash", val=0.2, test=0.3, key="session", seed=7)
+    expect = {}
+    for s in df["sess"].unique().to_list():
+        u = int(stable_hash(pl.Series([s]), 7)[0] % np.uint64(10_000)) / 10_000
+        expect[s] = 2 if u < 0.3 else 1 if u < 0.5 else 0
+    for i, part in enumerate(parts):
+        assert part.height and all(expect[s] == i for s in part["sess"].to_list())
+        # each part keeps the rows' storage order
+        assert part.equals(df.filter(pl.col("sess").replace_strict(expect) == i))
+    halves = [split_parts(h, RANDOM_MAP, {"by": "hash", "val": 0.2, "test": 0.3, "key": "session",
+                                          "seed": 7}) for h in (df.head(1500), df.tail(1500))]
+    for i, name in enumerate(("train", "val", "test")):
+        assert pl.concat([h[name] for h in halves]).equals(parts[i])
+    whole = split_parts(df, RANDOM_MAP, None)  # a source without a split: every row trains
+    assert whole["train"].equals(df) and whole["val"].height == whole["test"].height == 0
+    assert split_spec(None) == DEFAULT_SPLIT and split_spec(None) is not DEFAULT_SPLIT
+
+
 def test_stable_hash_is_pinned():
     h = stable_hash(pl.Series([1, 2, 3]))
     assert np.array_equal(h, stable_hash(pl.Series(["1", "2", "3"])))
@@ -756,7 +782,6 @@ def test_export_of_a_split_refuses_changed_added_or_missing_training_files(glob_
 
 def test_split_val_by_hash_draws_validation_over_the_earlier_time_range():
     from hybridrank.data.readers import ColumnMap
-    from hybridrank.data.sources import split_frame
 
     n = 2000
     frame = pl.DataFrame({"r": np.arange(n), "t": np.arange(n) * 10, "y": np.zeros(n)})

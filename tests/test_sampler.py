@@ -239,3 +239,65 @@ def test_units_are_keyed_by_request_time_whatever_the_rows_times():
         == [0, 1, 1]
     assert negative_counts(lists, "user_window", 50, max_unit_size=2) == \
         negative_counts(data, "user_window", 50, max_unit_size=2) == (5, 2)
+
+
+class _TwoChunks:
+    """Not a ``Source``: only what the batch builder reads (``ChunkedSource``)."""
+
+    schema = None
+
+    def __init__(self, parts):
+        from hybridrank.data.scanner import Chunk
+
+        self.parts, base = parts, 0
+        self.chunks = []
+        for i, d in enumerate(parts):
+            self.chunks.append(Chunk(i, d.n_impressions, d.n_requests, base))
+            base += d.n_impressions
+
+    def layout(self):
+        return self.chunks
+
+    def read_chunk(self, chunk, split):
+        return self.parts[chunk.index] if split == "train" else None
+
+
+def test_the_batch_builder_needs_only_the_chunked_source_members():
+    """``BatchStream`` batches any object with ``layout``, ``read_chunk`` and ``schema``: chunk by
+    chunk in the epoch's chunk order, each chunk's batches those of its own sampler and collate,
+    rows numbered over the whole source; every ``Source`` has the three members."""
+    import inspect
+
+    from hybridrank.data.chunked import ChunkedSource
+    from hybridrank.data.sources import Source
+    from hybridrank.data.stream import BatchStream, chunk_seed
+
+    parts = [make_data([3, 5, 2, 7, 4, 6], sessions=[0, 0, 1, 2, 2, 2], seed=1),
+             make_data([2, 8, 3, 3], sessions=[0, 1, 1, 1], seed=2)]
+    src = _TwoChunks(parts)
+    stream = BatchStream(src, budget=12, scope="session", max_unit_size=9, seed=3)
+    stream.set_epoch(4)
+    got = list(stream)
+    order = np.random.default_rng([3, 4]).permutation(2)
+    want = []
+    for c in order:
+        sampler = GroupBatchSampler(parts[c], budget=12, scope="session", max_unit_size=9,
+                                    seed=chunk_seed(3, c))
+        sampler.set_epoch(4)
+        ds = ListDataset(parts[c], scope="session", max_unit_size=9, seed=chunk_seed(3, c))
+        want += [(ds[req], src.chunks[c].base) for req in sampler]
+    assert len(got) == len(want) > 2
+    for b, (w, base) in zip(got, want):
+        assert torch.equal(b.rows, w.rows + base) and torch.equal(b.label, w.label)
+        assert torch.equal(b.rank_index, w.rank_index)
+        assert (b.weight is None) == (w.weight is None)
+        assert b.weight is None or torch.equal(b.weight, w.weight)
+    assert any(b.weight is not None for b in got)  # a session over the cap: negatives dropped
+    rows = torch.cat([b.rows for b in got])
+    positives = torch.cat([d.label for d in parts]).nonzero().squeeze(1)
+    assert rows.unique().numel() == rows.numel() and set(positives.tolist()) <= set(rows.tolist())
+    assert list(BatchStream(src, split="val")) == []
+    members = {n for n, v in vars(ChunkedSource).items()
+               if not n.startswith("__") and (inspect.isfunction(v) or isinstance(v, property))}
+    assert members == {"schema", "layout", "read_chunk"}
+    assert all(hasattr(Source, n) for n in members)

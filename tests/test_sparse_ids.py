@@ -355,6 +355,7 @@ from hybridrank.losses import HybridLoss
 from hybridrank.models.ranker import HybridRanker
 from hybridrank.models.scorers import MLPScorer
 from hybridrank.data.readers import ColumnMap
+from hybridrank.data.stream import BatchStream
 from hybridrank.data.streaming import StreamingClickLogSource
 base = reset_peak()
 glob, buckets, dim = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
@@ -373,7 +374,7 @@ codes = []
 class Spy(lightning.Callback):
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
         codes.append((int(batch.cat.min()), int(batch.cat.max())))
-loader = torch.utils.data.DataLoader(src.dataset(budget=4096, seed=0), batch_size=None,
+loader = torch.utils.data.DataLoader(BatchStream(src, budget=4096, seed=0), batch_size=None,
                                      collate_fn=lambda b: b)
 trainer = lightning.Trainer(accelerator="cpu", devices=1, max_epochs=1, limit_train_batches=5,
                             logger=False, enable_checkpointing=False, enable_progress_bar=False,

@@ -23,6 +23,7 @@ from hybridrank.data.sampler import GroupBatchSampler, ListDataset
 from hybridrank.data.schema import Schema
 from hybridrank.data.simulate import simulate_clicklog
 from hybridrank.data.sources import SIM_COLUMNS_MAP, ClickLogSource
+from hybridrank.data.stream import BatchStream
 from hybridrank.data.streaming import StreamingClickLogSource
 from hybridrank.losses import HybridLoss
 from hybridrank.models.ranker import HybridRanker
@@ -67,6 +68,7 @@ def small_log(tmp_path_factory) -> dict:
 _PRELUDE = PROBE + """
 import json, sys
 from hybridrank.data import SIM_COLUMNS_MAP, Schema
+from hybridrank.data.stream import BatchStream
 from hybridrank.data.streaming import StreamingClickLogSource
 base = reset_peak()
 """
@@ -81,7 +83,7 @@ print(json.dumps({"growth_mb": peak_mb() - base, "n": data.n_impressions}))
 _STREAM = _PRELUDE + """
 src = StreamingClickLogSource(sys.argv[1], SIM_COLUMNS_MAP, chunk_rows=int(sys.argv[2]))
 rows, clicks, batches = [], 0.0, 0
-for b in src.dataset(budget=4096, scope="session", seed=1):
+for b in BatchStream(src, budget=4096, scope="session", seed=1):
     rows.append(b.rows.numpy().astype("int32")); clicks += float(b.label.sum()); batches += 1
 import numpy as np
 rows = np.sort(np.concatenate(rows))
@@ -121,7 +123,7 @@ def test_one_epoch_streams_every_impression_once_in_bounded_memory(big_log):
 @pytest.mark.slow
 def test_streaming_loader_trains_a_hybrid_ranker(big_log):
     src = StreamingClickLogSource(big_log["glob"], SIM_COLUMNS_MAP, chunk_rows=50_000, fit_rows=100_000)
-    loader = DataLoader(src.dataset(budget=4096, scope="session", max_unit_size=512, seed=0),
+    loader = DataLoader(BatchStream(src, budget=4096, scope="session", max_unit_size=512, seed=0),
                         batch_size=None, collate_fn=lambda b: b)
     pl_.seed_everything(0, verbose=False)
     scorer = MLPScorer(len(src.schema.numeric), list(src.schema.vocab_sizes), base_rate=0.03)
@@ -188,7 +190,7 @@ def test_oov_counts_match_a_reference(small_log):
 @pytest.mark.slow
 def test_every_impression_once_and_batches_hold_whole_requests(small_log):
     src = StreamingClickLogSource(small_log["glob"], SIM_COLUMNS_MAP, chunk_rows=900)
-    ds = src.dataset(budget=300, scope="request", seed=2)
+    ds = BatchStream(src, budget=300, scope="request", seed=2)
     rows = []
     for b in ds:
         assert len(b) <= 300 and b.mask.sum() == len(b)
@@ -206,12 +208,12 @@ def test_every_impression_once_and_batches_hold_whole_requests(small_log):
 @pytest.mark.slow
 def test_ddp_shards_are_disjoint_and_equal_length(small_log):
     src = StreamingClickLogSource(small_log["glob"], SIM_COLUMNS_MAP, chunk_rows=400)
-    shards = [list(src.dataset(budget=256, num_replicas=3, rank=r, seed=0)) for r in range(3)]
+    shards = [list(BatchStream(src, budget=256, num_replicas=3, rank=r, seed=0)) for r in range(3)]
     assert len({len(s) for s in shards}) == 1 and len(shards[0]) > 0
     seen = torch.cat([b.rows for s in shards for b in s])
     assert seen.unique().numel() == seen.numel()  # no impression on two ranks
     with pytest.raises(ValueError, match="cannot feed 1000 shards"):
-        list(src.dataset(num_replicas=1000, rank=0))
+        list(BatchStream(src, num_replicas=1000, rank=0))
 
 
 def test_request_split_inside_a_file_is_an_error(small_log, tmp_path):
@@ -281,7 +283,7 @@ def test_input_errors(small_log, tmp_path):
         StreamingClickLogSource(tmp_path / "empty.parquet", SIM_COLUMNS_MAP).layout()
     src = StreamingClickLogSource(small_log["glob"], SIM_COLUMNS_MAP, chunk_rows=500)
     with pytest.raises(ValueError, match="do not fit the batch budget of 3"):
-        list(src.dataset(budget=3, scope="session"))
+        list(BatchStream(src, budget=3, scope="session"))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -436,7 +438,7 @@ def test_mid_epoch_resume_skips_the_batches_already_trained_on(small_log):
     one chunk or several: the rest are the uninterrupted epoch's batches."""
     for chunk_rows in (10**6, 900):
         src = StreamingClickLogSource(small_log["glob"], SIM_COLUMNS_MAP, chunk_rows=chunk_rows)
-        ds = src.dataset(budget=300, scope="session", max_unit_size=50, seed=1)
+        ds = BatchStream(src, budget=300, scope="session", max_unit_size=50, seed=1)
         ds.set_epoch(2)
         full = list(ds)
         ds.start = 7
@@ -456,15 +458,3 @@ def test_the_data_module_refuses_what_is_not_a_source():
         ListDataModule(SimulatedSource(n_users=5), splits=SimulatedSource(n_users=5).load())
     with pytest.raises(ValueError, match=r"unknown sampler scope 'sesion'"):
         ListDataModule(SimulatedSource(n_users=5), scope="sesion")
-
-
-def test_the_old_streaming_data_module_name_is_the_one_data_module(small_log):
-    from hybridrank.data.streaming import StreamingDataModule
-
-    src = StreamingClickLogSource(small_log["glob"], SIM_COLUMNS_MAP, chunk_rows=900,
-                                  split={"key": "session"})
-    with pytest.warns(DeprecationWarning, match="use hybridrank.data.datamodule.ListDataModule"):
-        dm = StreamingDataModule(src, budget=512, scope="session", max_unit_size=64)
-    assert type(dm).__mro__[1] is ListDataModule
-    assert dm.model_data() == ListDataModule(src, budget=512, scope="session",
-                                             max_unit_size=64).model_data()

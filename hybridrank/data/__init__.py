@@ -3,13 +3,15 @@ the group-aware sampler, the DataModules and the simulators. Imports only :mod:`
 (and :mod:`hybridrank.atomic`) from the rest of the package.
 
 - ``schema.py``: :class:`Schema` (features, vocabularies, scaler, value policies), ``SchemaFit``.
-- ``sources.py``: the ``Source`` interface, the sources and ``split_frame``: one data path, in
-  memory (one chunk) or streamed (``streaming.py``: ``StreamingClickLogSource``, many chunks).
+- ``sources.py``: the ``Source`` interface and the sources: one data path, in memory (one chunk)
+  or streamed (``streaming.py``: ``StreamingClickLogSource``, many chunks); ``splits.py``: the
+  one split rule (``split_frame``) of both.
 - ``readers.py`` (click logs, ``ColumnMap``, ``validate_frame``), ``libsvm.py`` (LETOR files),
   ``scanner.py`` (files in chunks of whole requests), ``vocab.py``, ``hashing.py``,
   ``fingerprint.py`` (what a model was trained on).
-- ``sampler.py`` (whole-request batches, pooling scopes, DDP shards, ``BatchStream``),
-  ``datamodule.py``.
+- ``sampler.py`` (whole-request batches of one ``ListData``, pooling scopes, DDP shards),
+  ``stream.py`` (``BatchStream``: a source's chunks through the sampler, above both; what it reads
+  of a source is ``chunked.ChunkedSource``), ``datamodule.py``.
 - ``simulate.py``: the built-in click-log simulator; ``worlds.py``: a family of randomly built
   click-log worlds with a known truth (for judging defaults across many logs).
 """
@@ -21,7 +23,8 @@ _EXPORTS = {
     "SchemaFit": "hybridrank.data.schema", "Source": "hybridrank.data.sources",
     "Splits": "hybridrank.data.sources", "SimulatedSource": "hybridrank.data.sources",
     "LetorSource": "hybridrank.data.sources", "ClickLogSource": "hybridrank.data.sources",
-    "split_frame": "hybridrank.data.sources", "SIM_COLUMNS_MAP": "hybridrank.data.sources",
+    "SIM_COLUMNS_MAP": "hybridrank.data.sources",
+    "split_frame": "hybridrank.data.splits", "SPLITS": "hybridrank.data.splits",
     "stable_hash": "hybridrank.data.hashing",
     "ColumnMap": "hybridrank.data.readers", "read_clicklog": "hybridrank.data.readers",
     "validate_frame": "hybridrank.data.readers", "scan_clicklog": "hybridrank.data.readers",
@@ -30,11 +33,11 @@ _EXPORTS = {
     "ClickLogScanner": "hybridrank.data.scanner",
     "GroupBatchSampler": "hybridrank.data.sampler", "ListDataset": "hybridrank.data.sampler",
     "collate": "hybridrank.data.sampler", "unit_ids": "hybridrank.data.sampler",
-    "BatchStream": "hybridrank.data.sampler", "POOLING_SCOPES": "hybridrank.data.sampler",
+    "POOLING_SCOPES": "hybridrank.data.sampler",
+    "BatchStream": "hybridrank.data.stream", "ChunkedSource": "hybridrank.data.chunked",
     "check_fingerprint": "hybridrank.data.fingerprint",
     "ListDataModule": "hybridrank.data.datamodule",
     "StreamingClickLogSource": "hybridrank.data.streaming",
-    "StreamingDataModule": "hybridrank.data.streaming",
     "simulate_clicklog": "hybridrank.data.simulate",
     "WorldSpec": "hybridrank.data.worlds", "World": "hybridrank.data.worlds",
     "draw_world": "hybridrank.data.worlds", "simulate_world": "hybridrank.data.worlds",

@@ -1,5 +1,5 @@
 """The ``LightningDataModule`` of every source: a thin shell around a :class:`~hybridrank.data.sources.
-Source` and the one batch builder (:class:`~hybridrank.data.sampler.BatchStream`)."""
+Source` and the one batch builder (:class:`~hybridrank.data.stream.BatchStream`)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,10 @@ import numpy as np
 import pytorch_lightning as pl
 from torch.utils.data import DataLoader
 
-from hybridrank.data.sampler import POOLING_SCOPES, BatchStream, negative_counts
-from hybridrank.data.sources import SPLITS, Source, Splits, SplitsSource
+from hybridrank.data.sampler import POOLING_SCOPES, negative_counts
+from hybridrank.data.sources import Source, Splits, SplitsSource
+from hybridrank.data.splits import SPLITS
+from hybridrank.data.stream import BatchStream
 from hybridrank.lists import ListData
 
 __all__ = ["ListDataModule", "ResumableLoader"]

@@ -6,8 +6,8 @@ for a log larger than memory (:class:`ClickLogSource` with ``chunk_rows``, i.e.
 :class:`~hybridrank.data.streaming.StreamingClickLogSource`). Everything after the read is
 written once, here and in the modules it calls, whatever the number of chunks:
 
-- the split: :func:`split_frame` of each chunk's validated frame (a hash split is the same per
-  chunk as over the whole log; a time split needs the log in one chunk);
+- the split: the one split rule (:mod:`hybridrank.data.splits`) of each chunk's validated frame (a
+  hash split is the same per chunk as over the whole log; a time split needs the log in one chunk);
 - the schema fit: :class:`~hybridrank.data.schema.SchemaFit` over the training rows of every chunk
   (or the first ``fit_rows``), in one pass (:meth:`Source.scan`) that also hands each chunk's
   training requests to the data module (negative counts: :func:`~hybridrank.data.sampler.
@@ -15,17 +15,16 @@ written once, here and in the modules it calls, whatever the number of chunks:
 - the transform: :meth:`~hybridrank.data.schema.Schema.transform` of a chunk's split
   (:meth:`Source.read_chunk`; a one-chunk source keeps the result), in pieces of at most
   ``max_rows`` impressions when asked (:meth:`Source.chunks`);
-- batches: :class:`~hybridrank.data.sampler.BatchStream` over the chunks (:meth:`Source.dataset`);
 - what the data was: :meth:`Source.fingerprint` (:mod:`hybridrank.data.fingerprint`).
+
+A source knows nothing of batching: :class:`~hybridrank.data.stream.BatchStream` reads its chunks
+(``BatchStream(source, split=..., budget=...)``) through the three members of
+:class:`~hybridrank.data.chunked.ChunkedSource`, which every :class:`Source` has.
 
 ``load()`` returns ``Splits(train, val, test, schema)`` of :class:`~hybridrank.lists.ListData`
 (docs/ARCHITECTURE.md) for a one-chunk source. The readers, the column map and value validation
-live in :mod:`hybridrank.data.readers` and are re-exported here.
-
-Splits never cut a request. LETOR data comes split by file; click logs are split
-``by="time"`` (whole sessions / requests / users ordered by start time, the last ``val`` then
-``test`` fractions of them) or ``by="hash"`` (a stable hash of the key into buckets, identical on
-every machine and polars version). Fractions count keys (sessions, requests or users), not rows.
+live in :mod:`hybridrank.data.readers`, the split rule (``SPLITS``, ``split_frame``) in
+:mod:`hybridrank.data.splits`; both are re-exported here.
 """
 
 from __future__ import annotations
@@ -42,7 +41,6 @@ import numpy as np
 import polars as pl
 
 from hybridrank.data.fingerprint import IN_MEMORY, files_fingerprint
-from hybridrank.data.hashing import stable_hash
 from hybridrank.data.libsvm import read_libsvm
 from hybridrank.data.readers import (
     MAX_REQUEST_SPAN,
@@ -53,21 +51,18 @@ from hybridrank.data.readers import (
     request_key_expr,
     validate_frame,
 )
-from hybridrank.data.sampler import BatchStream
 from hybridrank.data.scanner import Chunk, ClickLogScanner
-from hybridrank.data.schema import _REQ, _ROW, POLICY_DEFAULTS, Schema, SchemaFit, request_lists
+from hybridrank.data.schema import POLICY_DEFAULTS, Schema, SchemaFit, request_lists
 from hybridrank.data.simulate import simulate_clicklog
+from hybridrank.data.splits import SPLITS, split_frame, split_parts, split_spec
 from hybridrank.data.vocab import VocabPolicy, vocab_policies
 from hybridrank.lists import ListData
 
 __all__ = [
     "ColumnMap", "Schema", "Splits", "Source", "SplitsSource", "SimulatedSource", "LetorSource",
-    "ClickLogSource", "read_libsvm", "read_clicklog", "validate_frame", "split_frame", "stable_hash",
+    "ClickLogSource", "read_libsvm", "read_clicklog", "validate_frame", "split_frame",
     "SIM_COLUMNS_MAP", "VocabPolicy", "SPLITS",
 ]
-
-#: The three splits, in order.
-SPLITS = ("train", "val", "test")
 
 log = logging.getLogger(__name__)
 
@@ -93,94 +88,8 @@ class Splits(NamedTuple):
 
 
 # ----------------------------------------------------------------------------------------------
-# Splits
-# ----------------------------------------------------------------------------------------------
-def split_frame(frame: pl.DataFrame, columns: ColumnMap, *, by: str = "time", val: float = 0.1,
-                test: float = 0.2, key: str = "session", seed: int = 0, val_by: str | None = None,
-                ) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame]:
-    """Split a click-log frame into train / val / test without cutting any request.
-
-    Args:
-        by: ``"time"``: keys ordered by start time (first appearance breaks ties), the last
-            ``test`` fraction of keys is test, the ``val`` fraction before it val. ``"hash"``:
-            :func:`stable_hash` of the key into 10,000 buckets.
-        val, test: fractions of keys (not rows).
-        key: ``"request"``, ``"session"`` or ``"user"``; session / user must be mapped, and every
-            request must sit in one key (checked).
-        seed: hash seed (``by="hash"``, ``val_by="hash"``).
-        val_by: how the validation keys are drawn from the keys that are not test (default: as
-            ``by``). With ``by="time"``, ``val_by="hash"`` keeps the latest keys as test and draws
-            validation at random over the whole earlier time range, instead of the block just
-            before test: validation (early stopping, and the calibration split of exports) then
-            looks like the training period on average rather than like its last days.
-    """
-    if by not in ("time", "hash"):
-        raise ValueError(f"split.by must be 'time' or 'hash', got {by!r}")
-    val_by = by if val_by is None else val_by
-    if val_by not in ("time", "hash"):
-        raise ValueError(f"split.val_by must be 'time' or 'hash', got {val_by!r}")
-    if by == "hash" and val_by == "time":
-        raise ValueError("split.val_by='time' needs by='time' (a time block of validation keys "
-                         "before a hashed test split would not be 'the latest before test')")
-    if not (0 <= val and 0 <= test and val + test < 1):
-        raise ValueError(f"split fractions need val, test >= 0 and val + test < 1, "
-                         f"got {val}, {test}")
-    if key == "request":
-        key_expr = request_key_expr(columns)
-    elif key in ("session", "user"):
-        col = getattr(columns, key)
-        if col is None:
-            raise ValueError(f"split key {key!r} needs a {key!r} column in the column map")
-        key_expr = pl.col(col)
-    else:
-        raise ValueError(f"split.key must be 'request', 'session' or 'user', got {key!r}")
-    df = frame.with_columns(key_expr.alias("__key"), request_key_expr(columns).alias(_REQ))
-    if key != "request":
-        multi = df.group_by(_REQ).agg(pl.col("__key").n_unique()).filter(pl.col("__key") > 1)
-        if multi.height:
-            raise ValueError(f"{multi.height} request(s) span several {key} values (e.g. "
-                             f"{multi[_REQ][0]!r}); splitting by {key} would cut them")
-    keys = df.with_row_index(_ROW).group_by("__key").agg(
-        pl.col(_ROW).min().alias("first"),
-        *([pl.col(columns.time).min().alias("t")] if by == "time" and columns.time else []))
-    if by == "time":
-        if columns.time is None:
-            raise ValueError("split by='time' needs a time column in the column map "
-                             "(or use by='hash')")
-        keys = keys.sort(["t", "first"])
-        k = keys.height
-        n_test, n_val = int(round(test * k)), int(round(val * k))
-        part = np.zeros(k, dtype=np.int8)
-        part[k - n_test:] = 2
-        if val_by == "time":
-            part[k - n_test - n_val: k - n_test] = 1
-        elif n_val:
-            # the n_val non-test keys with the smallest hash: a stable random draw over time
-            h = stable_hash(keys["__key"][: k - n_test], seed)
-            part[np.argsort(h, kind="stable")[:n_val]] = 1
-    else:
-        u = (stable_hash(keys["__key"], seed) % np.uint64(10_000)).astype(np.float64) / 10_000
-        part = np.where(u < test, 2, np.where(u < test + val, 1, 0)).astype(np.int8)
-    keys = keys.select("__key", pl.Series("__part", part))
-    df = df.join(keys, on="__key", how="left", maintain_order="left")
-    out = tuple(df.filter(pl.col("__part") == i).drop("__key", _REQ, "__part") for i in range(3))
-    return out  # type: ignore[return-value]
-
-
-# ----------------------------------------------------------------------------------------------
 # The source interface
 # ----------------------------------------------------------------------------------------------
-_DEFAULT_SPLIT = {"by": "time", "val": 0.1, "test": 0.2, "key": "session"}
-
-
-def _split_args(split: Mapping | None) -> dict:
-    d = dict(_DEFAULT_SPLIT if split is None else split)
-    unknown = sorted(set(d) - {"by", "val", "test", "key", "seed", "val_by"})
-    if unknown:
-        raise ValueError(f"unknown split options {unknown}; valid: by, val, test, key, seed, val_by")
-    return d
-
-
 def _given_schema(schema: Schema | Mapping | None, columns: ColumnMap, where: str) -> Schema | None:
     """A trained model's schema for a source that scores data with it (features must match).
 
@@ -224,8 +133,9 @@ class Source(abc.ABC):
 
     A subclass defines three things: :meth:`layout` (its chunks), :meth:`_read_parts` (a chunk's
     validated train / val / test frames) and :meth:`fingerprint` (what its data is). Everything
-    else (the schema fit, the transform, the caching of a one-chunk source, batches, pieces of
-    ``max_rows``) is shared.
+    else (the schema fit, the transform, the caching of a one-chunk source, pieces of
+    ``max_rows``) is shared. Its ``layout()``, ``read_chunk`` and ``schema`` are what the batch
+    builder reads (:class:`~hybridrank.data.chunked.ChunkedSource`).
 
     Attributes (set by :meth:`_setup`): ``name`` (for messages), ``columns``, ``label_max``,
     ``policies`` (value policies), ``vocab`` (vocabulary policies), ``normalize``, ``fit_rows``
@@ -294,12 +204,6 @@ class Source(abc.ABC):
                       for f in parts.values() if f.height)
             self._layout = [Chunk(0, n, req, 0)]
         return self._layout
-
-    def _split_parts(self, frame: pl.DataFrame) -> dict[str, pl.DataFrame]:
-        """A validated frame cut by the source's split spec (every row training data without one)."""
-        if self.split is None:
-            return {"train": frame, "val": frame.head(0), "test": frame.head(0)}
-        return dict(zip(SPLITS, split_frame(frame, self.columns, **self.split)))
 
     @property
     def one_chunk(self) -> bool:
@@ -464,7 +368,7 @@ class Source(abc.ABC):
 
     def load(self) -> Splits:
         """Every split whole, with the schema (a one-chunk source; a streamed one is iterated with
-        :meth:`chunks` or :meth:`dataset` instead)."""
+        :meth:`chunks`, or batched by :class:`~hybridrank.data.stream.BatchStream`, instead)."""
         if not self.one_chunk:
             raise ValueError(f"{self.name}: load() holds every split in memory, but this source "
                              f"reads {len(self.layout())} chunks; iterate source.chunks(split) or "
@@ -473,11 +377,6 @@ class Source(abc.ABC):
         chunk = self.layout()[0]
         data = {s: self.read_chunk(chunk, s) for s in SPLITS}
         return Splits(data["train"], data["val"], data["test"], self.schema)
-
-    def dataset(self, **kwargs) -> BatchStream:
-        """A :class:`~hybridrank.data.sampler.BatchStream` over this source (keyword arguments
-        passed on: ``split``, ``budget``, ``scope``, ...)."""
-        return BatchStream(self, **kwargs)
 
 
 class SplitsSource(Source):
@@ -531,7 +430,7 @@ class SimulatedSource(Source):
         if float(label_max) != 1.0:
             raise ValueError(f"SimulatedSource: simulated clicks are binary, label_max must be 1, "
                              f"got {label_max}")
-        self.split = _split_args(split)
+        self.split = split_spec(split)
         columns = SIM_COLUMNS_MAP if position_feature else dataclasses.replace(
             SIM_COLUMNS_MAP, numeric=[c for c in SIM_COLUMNS_MAP.numeric if c != "position"])
         self.simulator = dict(simulator)
@@ -550,7 +449,7 @@ class SimulatedSource(Source):
         frame = simulate_clicklog(**self.simulator)
         frame = validate_frame(frame, self.columns, label_max=self.label_max, name=self.name,
                                **self.policies)
-        return self._split_parts(frame)
+        return split_parts(frame, self.columns, self.split)
 
     def fingerprint(self) -> dict[str, Any]:
         return {"kind": "simulated", "simulator": dict(self._parameters), "split": dict(self.split)}
@@ -693,7 +592,7 @@ class ClickLogSource(Source):
         self.path = path if isinstance(path, str | Path) else [str(p) for p in path]
         self.pattern = str(path) if isinstance(path, str | Path) else str(self.path)
         cm = columns if isinstance(columns, ColumnMap) else ColumnMap.from_dict(columns)
-        self.split = _split_args(split)
+        self.split = split_spec(split)
         if chunk_rows is not None and int(chunk_rows) < 1:
             raise ValueError(f"chunk_rows must be >= 1 or null, got {chunk_rows}")
         self.chunk_rows = None if chunk_rows is None else int(chunk_rows)
@@ -735,7 +634,7 @@ class ClickLogSource(Source):
             frame = self.scanner.read(chunk)
         frame = validate_frame(frame, self.columns, label_max=self.label_max, name=self.pattern,
                                **self.policies)
-        return self._split_parts(frame)
+        return split_parts(frame, self.columns, self.split)
 
     def fingerprint(self) -> dict[str, Any]:
         return {"kind": "clicklog", "files": files_fingerprint(self.files),

@@ -3,7 +3,7 @@
 There is one data path (docs/ARCHITECTURE.md): :class:`StreamingClickLogSource` is the click-log
 source with ``chunk_rows`` set (its defaults: 100,000 impressions per chunk, a hash split), read
 through :class:`~hybridrank.data.scanner.ClickLogScanner` (the chunker exports use too). The split,
-the schema fit, the transform, the batches (:class:`~hybridrank.data.sampler.BatchStream`) and the
+the schema fit, the transform, the batches (:class:`~hybridrank.data.stream.BatchStream`) and the
 data module (:class:`~hybridrank.data.datamodule.ListDataModule`) are those of every source; an
 in-memory source is the same path with one chunk, so a log that fits in one chunk trains exactly
 as ``data=clicklog`` does.
@@ -13,31 +13,21 @@ seeded by ``(seed, epoch)`` and the pooling units inside a chunk are shuffled by
 pooling scopes (``session``, ``user``) pool requests **within a chunk** (a session cut by a chunk
 boundary forms two rank lists); the split must be by hash (a time split needs every key's start
 time before the first chunk). Sharding over DDP ranks and loader workers:
-:class:`~hybridrank.data.sampler.BatchStream`.
+:class:`~hybridrank.data.stream.BatchStream`.
 """
 
 from __future__ import annotations
 
-import logging
-import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from hybridrank.data.datamodule import ListDataModule
 from hybridrank.data.readers import ColumnMap
-from hybridrank.data.sampler import BatchStream
 from hybridrank.data.sources import ClickLogSource
 
-__all__ = ["StreamingClickLogSource", "StreamingDataModule", "StreamingListDataset"]
-
-log = logging.getLogger(__name__)
+__all__ = ["StreamingClickLogSource", "STREAM_SPLIT"]
 
 #: Defaults of a streamed log's split keys (a key missing from ``split`` takes these).
 STREAM_SPLIT = {"by": "hash", "val": 0.1, "test": 0.2, "key": "request", "seed": 0}
-
-#: The batch builder of every source (this name is kept for code written against the streaming
-#: module; :meth:`StreamingClickLogSource.dataset` builds one).
-StreamingListDataset = BatchStream
 
 
 class StreamingClickLogSource(ClickLogSource):
@@ -56,14 +46,3 @@ class StreamingClickLogSource(ClickLogSource):
         spec = None if split is None else {**STREAM_SPLIT, **dict(split)}
         super().__init__(path, columns, split=spec or STREAM_SPLIT, chunk_rows=chunk_rows, **kwargs)
         self.split = spec
-
-
-class StreamingDataModule(ListDataModule):
-    """Deprecated name of :class:`~hybridrank.data.datamodule.ListDataModule`, which serves every
-    source (``conf/data/clicklog_stream.yaml`` now builds it); warns once per construction."""
-
-    def __init__(self, source, **kwargs):
-        warnings.warn("hybridrank.data.streaming.StreamingDataModule is deprecated: use "
-                      "hybridrank.data.datamodule.ListDataModule (one data module for every source)",
-                      DeprecationWarning, stacklevel=2)
-        super().__init__(source, **kwargs)
