@@ -3,7 +3,7 @@
 Not public API. :mod:`hybridrank.metrics` (NDCG with ``ties="average"``, MAP, MRR, AUC) and
 :mod:`hybridrank.losses` (LambdaRank / LambdaLoss pair weights, ApproxNDCG, NeuralNDCG) both use
 these, so a metric and the loss that optimises it agree on what a gain, a discount and a tie are
-(CONVENTIONS.md §2): gain ``2^y - 1`` (``"exp"``) or ``y`` (``"linear"``), discount
+(docs/CONVENTIONS.md §4.1): gain ``2^y - 1`` (``"exp"``) or ``y`` (``"linear"``), discount
 ``1 / log2(1 + rank)`` for 1-based ranks, and a block of tied scores spread evenly over the ranks
 it occupies.
 
@@ -131,7 +131,7 @@ def block_means(per_position: Tensor, first: Tensor, last: Tensor) -> Tensor:
 def average_ranks(scores: Tensor, mask: Tensor) -> Tensor:
     """``[G, L]`` 1-based rank by descending score among real items; ties share their mean rank.
 
-    Tie-averaging keeps rank-based quantities independent of storage order (CONVENTIONS.md §2).
+    Tie-averaging keeps rank-based quantities independent of storage order (docs/CONVENTIONS.md §3).
     Values on padding slots are meaningless.
 
     >>> average_ranks(torch.tensor([[1.0, 3.0, 1.0]]), torch.ones(1, 3) > 0).tolist()

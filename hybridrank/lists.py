@@ -8,7 +8,7 @@ Glossary (used by every docstring in the package):
   ``mask[g, i]`` is True where a real impression sits; padding is never marked by a label value.
 - **Request lists** are what metrics rank (NDCG, GAUC, ...). **Rank lists** are what the ranking
   term of the loss sees: the request lists themselves (scope ``request``) or impressions of several
-  requests of one session / user pooled into one list (pseudo-pairs, CONVENTIONS.md §1).
+  requests of one session / user pooled into one list (pseudo-pairs, docs/CONVENTIONS.md §1.2).
 - ``index[g, i]`` points into the flat impressions of a batch; padding slots point at row 0 and are
   masked, so a gather ``flat[index]`` is always in range.
 """

@@ -186,7 +186,7 @@ def train_hybrid(overrides: Sequence[str], *, splits=None, keep_dir: str | Path 
                      model.predict_split(splits.test)[0], model)
 
 
-#: The metric conventions the LETOR tables report (CONVENTIONS.md §2).
+#: The metric conventions the LETOR tables report (docs/CONVENTIONS.md §4, §5).
 BASE_METRICS = dict(ks=(1, 3, 5, 10), gain="exp", ties="average", bins=15, binning="quantile")
 
 

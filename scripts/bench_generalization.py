@@ -87,7 +87,7 @@ from hybridrank.data.worlds import (  # noqa: E402
 #: name -> (hydra overrides, position as a feature?)
 VARIANTS: dict[str, tuple[list[str], bool]] = {
     # position listed as a feature, so position_bias=auto stands aside: the click-log default
-    # until 2026-11-27 (ninth session); the tables keep its name
+    # until 2026-11-27; the tables keep its name
     "default": ([], True),
     # default scorer and loss + tower: what position_bias=auto builds on a click log since then
     "tower": (["position_bias=tower"], False),

@@ -2,7 +2,7 @@
 
 Trains the same model, loss, epochs and batch budget on the simulated click log with the ranking
 term's lists formed per request (LETOR style) or per session (pseudo-pairs across the requests of
-a session, CONVENTIONS.md §1); evaluation always ranks within requests. Several training seeds;
+a session, docs/CONVENTIONS.md §1.2); evaluation always ranks within requests. Several training seeds;
 prints mean ± std of test NDCG@10, GAUC, log loss, ECE and PCOC, and writes JSON.
 
 Usage: python scripts/bench_pooling.py [--seeds 0 1 2] [--losses bce_softmax bce_ranknet] [--out results/pooling.json]

@@ -18,6 +18,19 @@ settings.register_profile("dev", max_examples=20, deadline=None)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "default"))
 
 
+@pytest.fixture(scope="module")
+def one_thread():
+    """One intra-op torch thread for a test module of small tensors (``pytestmark =
+    pytest.mark.usefixtures("one_thread")``): on a busy 2-core machine a second thread costs more
+    in synchronisation than it gains on tensors this small. The previous count is restored."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(scope="session")
 def real_data() -> Path:
     """The shared real-data folder (``HYBRIDRANK_REAL_DATA``); tests using it skip without it."""

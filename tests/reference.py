@@ -1,6 +1,6 @@
 """Brute-force references for every loss: plain Python loops over lists, items and pairs.
 
-Written from the formulas in CONVENTIONS.md §3 and the papers, independently of
+Written from the formulas in docs/CONVENTIONS.md §6 and the papers, independently of
 ``hybridrank.losses`` (no shared helper), in float64 Python arithmetic. Each ``ref_*`` function
 takes nested lists (or tensors, converted) ``logits [G][L]``, ``labels [G][L]``, ``mask [G][L]``,
 optional ``weights [G][L]`` and returns ``(per_list, counted)``: the loss of every list and
@@ -336,7 +336,7 @@ class LibsvmRejected(Exception):
 
 
 def ref_libsvm(raw: bytes, n_features: int | None = None) -> dict:
-    """A line-by-line reference of the documented LibSVM grammar (CONVENTIONS: ``label qid:Q i:v``).
+    """A line-by-line reference of the documented LibSVM grammar (docs/CONVENTIONS.md §1.4: ``label qid:Q i:v``).
 
     The one LibSVM reference of the tests (the reader's agreement on valid files, its first error
     line on malformed ones). Returns ``{"label", "qid", "comment", "line", "dense"}`` (``dense``:

@@ -220,10 +220,48 @@ def test_experiment_options(name, compose_cfg, request, monkeypatch):
     assert m.scorer.n_numeric == len(dm.schema.numeric)
 
 
+#: how a built ``pl.Trainer`` shows each trainer key a debug option may set
+TRAINER_READ = {
+    "max_epochs": lambda t: t.max_epochs,
+    "max_steps": lambda t: t.max_steps,
+    "enable_progress_bar": lambda t: t.progress_bar_callback is not None,
+    "limit_train_batches": lambda t: t.limit_train_batches,
+    "limit_val_batches": lambda t: t.limit_val_batches,
+    "limit_test_batches": lambda t: t.limit_test_batches,
+    "fast_dev_run": lambda t: t.fast_dev_run,
+    "overfit_batches": lambda t: t.overfit_batches,
+    "log_every_n_steps": lambda t: t.log_every_n_steps,
+    "num_sanity_val_steps": lambda t: t.num_sanity_val_steps,
+    "check_val_every_n_epoch": lambda t: t.check_val_every_n_epoch,
+}
+
+
 @pytest.mark.parametrize("name", options("debug"))
 def test_debug_options(name, compose_cfg):
+    """A debug option changes what it says: every value it sets reaches the composed config, every
+    trainer key reaches the built Trainer, and it differs from the run without it."""
+    from omegaconf import OmegaConf
+
+    node = OmegaConf.to_container(OmegaConf.load(CONF / "debug" / f"{name}.yaml"))
+    node.pop("defaults", None)
+    assert node, f"debug={name} sets nothing"
     cfg = compose_cfg("config", f"debug={name}", *SMALL)
-    assert isinstance(build_trainer(cfg), pl.Trainer)
+    plain = compose_cfg("config", *SMALL)
+
+    def leaves(d, prefix=""):
+        for k, v in d.items():
+            yield from leaves(v, f"{prefix}{k}.") if isinstance(v, dict) else [(f"{prefix}{k}", v)]
+
+    set_here = dict(leaves(node))
+    for key, value in set_here.items():
+        assert OmegaConf.select(cfg, key) == value, (key, OmegaConf.select(cfg, key), value)
+    assert any(OmegaConf.select(plain, key) != value for key, value in set_here.items()), (
+        f"debug={name} changes nothing of the default config")
+    trainer = build_trainer(cfg)
+    assert isinstance(trainer, pl.Trainer)
+    for key, value in (node.get("trainer") or {}).items():
+        assert key in TRAINER_READ, f"debug={name} sets trainer.{key}: add how to read it to TRAINER_READ"
+        assert TRAINER_READ[key](trainer) == value, (key, TRAINER_READ[key](trainer), value)
 
 
 def test_paths_and_hydra_are_shared(compose_cfg):

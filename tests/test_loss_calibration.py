@@ -71,13 +71,7 @@ def _evaluate(loss: HybridLoss, model: torch.nn.Module, x, p) -> tuple[float, fl
     return _ece_true(p_hat, p), float(p_hat.sum() / p.sum())
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Small full-batch steps: one intra-op thread is much faster than two on a busy machine."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # small tensors: tests/conftest.py
 
 
 @pytest.fixture(scope="module")

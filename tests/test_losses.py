@@ -19,13 +19,7 @@ import hybridrank.losses as L
 CONF = Path(__file__).resolve().parents[1] / "conf" / "loss"
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny tensors: one intra-op thread is several times faster on a busy 2-core machine."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # small tensors: tests/conftest.py
 
 
 @dataclass(frozen=True)
@@ -804,8 +798,30 @@ def test_yaml_configs_instantiate(path):
 
 
 def test_yaml_configs_present():
-    names = {p.stem for p in LOSS_CONFIGS}
-    assert {"bce", "softmax", "bce_softmax", "bce_calibrated_softmax", "rcr", "jrc"} <= names
+    """conf/loss and the loss registry match in both directions. Every ranking term of
+    ``LOSSES`` has its hybrid config: ``bce_<term>`` (BCE plus that term), or ``<term>`` itself for
+    RCR and JRC, hybrids by definition. Every config is one of: ``bce`` (BCE alone), the hybrid of
+    one registry term, or one registry term alone (``point_weight: 0``, named after the term)."""
+    omegaconf = pytest.importorskip("omegaconf")
+    assert {"bce", "softmax", "bce_softmax", "bce_calibrated_softmax", "rcr", "jrc"} <= {
+        p.stem for p in LOSS_CONFIGS}
+    held = {}  # config name -> (point weight, the registry names of its terms)
+    for path in LOSS_CONFIGS:
+        node = omegaconf.OmegaConf.load(path)
+        held[path.stem] = (float(node.point_weight),
+                           [str(term.get("loss", name)) for name, term in node.terms.items()])
+    hybrid = {kind: kind if kind in ("rcr", "jrc") else f"bce_{kind}" for kind in L.LOSSES}
+    for kind, name in hybrid.items():  # registry -> configs
+        assert name in held, f"LOSSES[{kind!r}] has no config: conf/loss/{name}.yaml is missing"
+        assert held[name][1] == [kind] and held[name][0] > 0, (name, held[name])
+    for name, (point_weight, kinds) in held.items():  # configs -> registry
+        if name == "bce":
+            assert (point_weight, kinds) == (1.0, []), held[name]
+        elif point_weight == 0:
+            assert kinds == [name] and name in L.LOSSES, f"{name}: a pure ranking config {kinds}"
+        else:
+            assert len(kinds) == 1 and hybrid.get(kinds[0]) == name, (
+                f"conf/loss/{name}.yaml ({kinds}) is no registry term's hybrid")
 
 
 def test_loss_config_names_say_what_they_hold():

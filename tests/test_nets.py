@@ -16,14 +16,7 @@ from hypothesis import strategies as st
 from hybridrank.models.attention import list_layout
 from hybridrank.models.scorers import DCNv2Scorer, DeepFMScorer, FMScorer, LinearScorer, ListAwareScorer, MLPScorer
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Small tensors: one intra-op thread is several times faster on a busy 2-core machine."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # small tensors: tests/conftest.py
 
 
 # Small options so that every test stays fast; the defaults are exercised by test_default_options.

@@ -37,8 +37,30 @@ def test_columns_and_types(log):
 
 
 def test_default_size():
+    """The default log's size, from the simulator's own parameters: sessions per user and requests
+    per session are ``1 + Poisson(mean - 1)``, slate sizes uniform on ``min_slate..max_slate``.
+    Each level's count is within 4 standard deviations of its expectation (compound sums:
+    ``Var[Σ_{i<=M} X_i] = E[M] Var[X] + E[X]^2 Var[M]``), and the rows are the slates' sum."""
+    import inspect
+
+    par = {k: v.default for k, v in inspect.signature(simulate_clicklog).parameters.items()}
     df = simulate_clicklog()
-    assert 200_000 <= df.height <= 300_000
+    lam_s, lam_r = par["sessions_per_user"] - 1.0, par["requests_per_session"] - 1.0
+    lo, hi = par["min_slate"], par["max_slate"]
+    slate_mean, slate_var = (lo + hi) / 2, ((hi - lo + 1) ** 2 - 1) / 12
+    sessions = (par["n_users"] * par["sessions_per_user"], par["n_users"] * lam_s)  # (mean, var)
+    requests = (sessions[0] * par["requests_per_session"],
+                sessions[0] * lam_r + par["requests_per_session"] ** 2 * sessions[1])
+    rows = (requests[0] * slate_mean, requests[0] * slate_var + slate_mean ** 2 * requests[1])
+    assert rows[0] == 270_000  # 2,500 users x 3 sessions x 3 requests x 12 items on average
+    per_request = df.group_by("request_id").len()["len"]
+    observed = {"sessions": df["session_id"].n_unique(), "requests": df["request_id"].n_unique(),
+                "rows": df.height}
+    for name, (mean, var) in {"sessions": sessions, "requests": requests, "rows": rows}.items():
+        assert abs(observed[name] - mean) <= 4 * math.sqrt(var), (name, observed[name], mean, var)
+    assert df["user_id"].n_unique() <= par["n_users"]
+    assert per_request.min() >= lo and per_request.max() <= hi
+    assert per_request.sum() == df.height
 
 
 def test_ctr_and_sparse_clicks(log):

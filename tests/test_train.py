@@ -57,17 +57,113 @@ def test_train_beats_base_rate_and_random_order(tmp_path, make_cfg):
                                                  for k, v in vocab.items()}
 
 
+def _load_splits(cfg):
+    """The config's data, loaded once here so a test can read the splits the run trains on."""
+    import hydra
+
+    return hydra.utils.instantiate(cfg.data.source).load()
+
+
 @pytest.mark.slow
-def test_jrc_trains_with_two_outputs(tmp_path, make_cfg):
-    result = train(make_cfg(tmp_path, "loss=jrc", "trainer.max_epochs=1", "callbacks=none",
-                            "test_after_fit=true"))
+def test_jrc_trains_with_two_outputs(tmp_path, make_cfg, monkeypatch):
+    """``loss=jrc`` builds a scorer with two outputs per impression, ``(z0, z1)``, and the click
+    logit every consumer reads is ``z1 - z0``: the run's test log loss and PCOC equal those of
+    ``σ(z1 - z0)`` computed here from the raw outputs, and so do the export's ``logit`` /
+    ``pctr`` columns and the portable model; ``z1`` alone is not that logit."""
+    import hybridrank.cli.train as train_module
+    from hybridrank.serving.export import PortableRanker, score_frame
+
+    cfg = make_cfg(tmp_path, "loss=jrc", "trainer.max_epochs=1", "callbacks=none",
+                   "test_after_fit=true")
+    splits = _load_splits(cfg)
+    built, build = [], train_module.build_model
+    monkeypatch.setattr(train_module, "build_model", lambda *a, **k: built.append(build(*a, **k)) or built[-1])
+    result = train(cfg, splits=splits)
     assert result["test"]["test/logloss"] < result["reference"]["base rate"]["logloss"]
 
+    (model,) = built  # trainer.test loaded the one epoch's weights into this very object
+    assert model.loss.n_outputs == 2 and model.scorer.n_outputs == 2
+    test = splits.test
+    logit, out = model.predict_split(test)
+    assert out.shape == (test.n_impressions, 2)
+    assert torch.equal(logit, out[:, 1] - out[:, 0])
+    z0, z1 = out[:, 0].double(), out[:, 1].double()
+    assert float(z0.std()) > 1e-3 and float(z1.std()) > 1e-3  # both outputs were trained
+    y = (test.label > 0).double()
+
+    def log_loss(z):
+        q = torch.sigmoid(z).clamp(1e-7, 1 - 1e-7)
+        return float(-(y * q.log() + (1 - y) * torch.log1p(-q)).mean())
+
+    assert result["test"]["test/logloss"] == pytest.approx(log_loss(z1 - z0), rel=1e-5, abs=1e-7)
+    assert result["test"]["test/pcoc"] == pytest.approx(float(torch.sigmoid(z1 - z0).sum() / y.sum()),
+                                                        rel=1e-5)
+    # the difference, not z1 alone, is the click logit (z0 is small after one epoch, not zero)
+    assert result["test"]["test/logloss"] != pytest.approx(log_loss(z1), rel=1e-5, abs=1e-7)
+    assert result["test"]["test/pcoc"] != pytest.approx(float(torch.sigmoid(z1).sum() / y.sum()),
+                                                        rel=1e-5)
+    frame = score_frame(model, test)
+    assert (frame["logit"] == frame["logit1"] - frame["logit0"]).all()
+    torch.testing.assert_close(torch.tensor(frame["pctr"].to_numpy()), torch.sigmoid(z1 - z0),
+                               rtol=1e-6, atol=1e-7)
+    with torch.no_grad():
+        portable = PortableRanker(model)(test.num, test.cat).double()
+    torch.testing.assert_close(portable, torch.sigmoid(z1 - z0), rtol=1e-6, atol=1e-7)
+
 
 @pytest.mark.slow
-def test_session_scope_trains(tmp_path, make_cfg):
-    result = train(make_cfg(tmp_path, "batching=session", "trainer.max_epochs=1", "callbacks=none"))
+def test_session_scope_trains(tmp_path, make_cfg, monkeypatch):
+    """``batching=session`` with a ranking term: every training batch's rank lists are whole
+    sessions (each list holds all training impressions of one session, several requests pooled,
+    and no other), each session of the training split is one list exactly once per epoch, the
+    loss receives those pooled lists, and the model still beats the base rate on requests."""
+    from hybridrank.losses import HybridLoss
+    from hybridrank.models.ranker import HybridRanker
+
+    cfg = make_cfg(tmp_path, "batching=session", "loss=bce_softmax", "trainer.max_epochs=1",
+                   "callbacks=none")
+    splits = _load_splits(cfg)
+    seen = []  # [batch, (mask, labels) the loss received]
+    step, forward = HybridRanker.training_step, HybridLoss.forward
+
+    def recording_step(self, batch, batch_idx):
+        seen.append([batch, None])
+        return step(self, batch, batch_idx)
+
+    def recording_forward(self, logits, labels, *, mask, weights=None):
+        if seen and seen[-1][1] is None:
+            seen[-1][1] = (mask.clone(), labels.clone())
+        return forward(self, logits, labels, mask=mask, weights=weights)
+
+    monkeypatch.setattr(HybridRanker, "training_step", recording_step)
+    monkeypatch.setattr(HybridLoss, "forward", recording_forward)
+    result = train(cfg, splits=splits)
     assert result["test"]["test/ndcg@10"] > result["reference"]["base rate"]["ndcg@10"]
+
+    train_split = splits.train
+    session_of_row = train_split.scope["session"][train_split.request_of_row()]
+    rows_of_session = torch.bincount(session_of_row)
+    lists_per_session = torch.zeros_like(rows_of_session)
+    pooled = rank_lists = request_lists = 0
+    assert seen
+    for batch, received in seen:
+        assert received is not None, "the loss was not called on a training batch"
+        mask, labels = received
+        assert torch.equal(mask, batch.rank_mask)  # the loss ranks the pooled lists
+        assert torch.equal(labels[mask], batch.label[batch.rank_index[batch.rank_mask]])
+        for g in range(batch.rank_mask.shape[0]):
+            members = batch.rank_index[g][batch.rank_mask[g]]
+            sessions = session_of_row[batch.rows[members]].unique()
+            assert sessions.numel() == 1, f"rank list {g} mixes sessions {sessions.tolist()}"
+            assert members.numel() == rows_of_session[sessions[0]], "a session's list is incomplete"
+            lists_per_session[sessions[0]] += 1
+            pooled += int(batch.request[members].unique().numel() > 1)
+        rank_lists += batch.rank_mask.shape[0]
+        request_lists += batch.mask.shape[0]  # metrics would still rank requests
+    present = rows_of_session > 0
+    assert (lists_per_session[present] == 1).all()  # every session: one list, once per epoch
+    assert rank_lists == int(present.sum()) < request_lists == train_split.n_requests
+    assert pooled > 100  # pseudo-pairs: many lists pool several requests
 
 
 def test_config_typo_is_rejected(tmp_path, make_cfg):

@@ -398,7 +398,7 @@ def final_figures(model: HybridRanker, datamodule, *, n_boot: int = 0, alpha: fl
     return out
 
 
-#: metrics that cannot be negative and are biased upwards on finite data (CONVENTIONS.md §2)
+#: metrics that cannot be negative and are biased upwards on finite data (docs/CONVENTIONS.md §5.2)
 BOUNDED_AT_ZERO = ("ece", "f_ece@")
 ONE_SIDED_MARK = "⁺"  # a one-sided interval [0, upper]
 OUTSIDE_MARK = "†"    # the point lies outside its percentile interval

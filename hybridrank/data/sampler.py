@@ -1,7 +1,7 @@
 """Group-aware batching: whole requests per batch, pooled rank lists, budgets, DDP shards.
 
 The sampler works on **units**: the requests whose impressions the ranking term pools into one
-list (CONVENTIONS.md §1). With scope ``request`` a unit is one request; with ``session`` / ``user``
+list (docs/CONVENTIONS.md §1.2). With scope ``request`` a unit is one request; with ``session`` / ``user``
 it is every request of that session / user; with ``user_window`` it is a user's requests within one
 time window. A unit is never split across batches, so pseudo-pairs between its requests exist, and
 a request is never split, so metrics rank whole requests.
@@ -9,7 +9,7 @@ a request is never split, so metrics rank whole requests.
 Per epoch, units are shuffled with a generator seeded by ``(seed, epoch)`` and packed greedily into
 batches of at most ``budget`` impressions. Units longer than ``max_unit_size`` keep all their
 positives and a random subset of negatives; the kept negatives carry weight ``1 / keep_rate`` so the
-pointwise loss stays an unbiased estimate of the full-data loss (CONVENTIONS.md §4), and the overall
+pointwise loss stays an unbiased estimate of the full-data loss (docs/CONVENTIONS.md §2), and the overall
 keep rate is recorded (:func:`negative_counts`: the one count, used by the sampler and by the data
 module's pass over a streamed log). Under DDP every rank gets a disjoint set of whole batches and
 the same number of batches, so no rank waits for a batch that never comes.

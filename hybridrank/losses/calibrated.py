@@ -3,7 +3,7 @@
 Unlike the losses of :mod:`hybridrank.losses.listwise` these are *not* invariant to a per-list
 shift of the logits: an anchor (calibrated softmax), the sigmoid link (RCR) or the per-label logit
 competition (JRC) pins the score scale, so they can share a logit with BCE without pulling it
-apart (CONVENTIONS.md §3).
+apart (docs/CONVENTIONS.md §6.5).
 """
 
 from __future__ import annotations
@@ -185,7 +185,7 @@ def jrc_loss(
       add 0 to the sum and their impressions to the count. Every non-empty list is counted;
       ``reduction="none"`` gives per-list sums ``Σ_{i ∈ g} w_i L_gen_i``.
     - ``"list"``: per list the weighted mean of ``L_gen_i``, then the mean over lists holding both
-      a click and a non-click (hybridrank's earlier choice: every informative list weighs the
+      a click and a non-click (every informative list weighs the
       same, one-label lists are left out). On sparse clicks this keeps roughly half of the
       paper's term and shifts the effective α.
 

@@ -2,7 +2,7 @@
 
 Every function takes probabilities ``p`` and ``labels`` of one shape (flat ``[N]`` or padded
 ``[G, L]``) and an optional boolean ``mask`` of that shape (True = a real impression, see the
-glossary in :mod:`hybridrank.lists`). Labels are binarised, ``y = label > 0`` (CONVENTIONS.md §2).
+glossary in :mod:`hybridrank.lists`). Labels are binarised, ``y = label > 0`` (docs/CONVENTIONS.md §5).
 All sums are taken in float64. NaN in ``p`` or ``labels`` raises ``ValueError`` naming the argument;
 so does ``p`` outside ``[0, 1]``.
 

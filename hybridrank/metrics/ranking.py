@@ -4,7 +4,7 @@ Inputs follow the glossary of :mod:`hybridrank.lists`: ``scores [G, L]`` (logits
 score), graded ``labels [G, L]`` (>= 0) and a bool ``mask [G, L]`` (True = a real impression).
 Everything is vectorised over lists and runs on CPU or CUDA tensors.
 
-Conventions (CONVENTIONS.md §2), each a named argument or stated here:
+Conventions (docs/CONVENTIONS.md §4), each a named argument or stated here:
 
 - ``empty``: what a list without a positive label (ideal DCG 0) scores. ``"skip"`` leaves it out of
   the mean (the ``*_per_list`` functions return it as not valid, ``ListMetrics`` counts it in

@@ -2,7 +2,7 @@
 
 :func:`stats_summary` gathers, from the per-request statistics of one set of predictions
 (:mod:`hybridrank.metrics.request_stats`, the engine the intervals of a report resample too), the
-log loss, ECE, PCOC, the reliability table (quantile bins, CONVENTIONS.md §2), PCOC by position and
+log loss, ECE, PCOC, the reliability table (quantile bins, docs/CONVENTIONS.md §5.2), PCOC by position and
 by field value; :func:`calibration_summary` does the same for flat predictions. :func:`write_report`
 writes several summaries (e.g. ``{"before": ..., "after": ...}``) as ``calibration.json``,
 ``reliability.png`` (mean predicted vs observed rate per bin, with counts, diagonal drawn),

@@ -1,6 +1,6 @@
 """The position-bias tower: a logit offset per display slot, zero at the reference slot.
 
-Examination model on the logit scale (CONVENTIONS.md §4b): the click logit of an impression shown
+Examination model on the logit scale (docs/CONVENTIONS.md §8): the click logit of an impression shown
 in slot ``j`` is ``relevance(x) + b_j``, with ``b_ref = 0`` at the reference slot (1: the top), so
 the relevance part alone *is* the click logit at the reference slot: the position-free pCTR an
 auction multiplies by a bid before slots exist.
@@ -110,9 +110,9 @@ PRECISION_SLOTS = 10
 #: reliable: below it a ratio of click counts is noise, and a monotone projection of it can make
 #: its bootstrap intervals look narrow (measured: 1 % exploration, ~5 clicks: every offset
 #: projected to 0, intervals [0, 0]). It is a floor on precision, not a test of identification:
-#: a random-order log with few clicks identifies the effect and estimates it poorly (until
-#: 2026-11-27 it made exploration traffic "NOT identified", so a random-order log whose requests
-#: were all marked as exploration was flagged while the same log unmarked was not; world 1002)
+#: a random-order log with few clicks identifies the effect and estimates it poorly, whether or not
+#: its requests are marked as exploration traffic (world 1002 of scripts/bench_generalization.py:
+#: random order, every request marked, 7 reference-slot clicks: identified, and UNRELIABLE)
 MIN_IDENTIFYING_CLICKS = 20
 
 

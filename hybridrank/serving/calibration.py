@@ -2,7 +2,7 @@
 
 A calibrator maps the model's click logit ``z`` (after the downsampling correction, if any) to a
 calibrated pCTR. It is fitted on validation ``(logit, click)`` pairs, never on training data
-(CONVENTIONS.md §4). Three are provided, all pure torch (no scikit-learn at runtime):
+(docs/CONVENTIONS.md §7.1). Three are provided, all pure torch (no scikit-learn at runtime):
 
 - :class:`IdentityCalibrator` (``none``): ``p = σ(z)``.
 - :class:`ShiftCalibrator` (``shift``, intercept only): ``p = σ(z + b)``: one parameter, the
