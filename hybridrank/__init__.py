@@ -7,7 +7,7 @@ of whole impression lists from a group-aware sampler, reporting NDCG and calibra
 Sub-packages by concept, imports pointing one way (docs/ARCHITECTURE.md):
 ``lists`` (the data model) and ``_dcg`` at the base, then :mod:`hybridrank.data`,
 :mod:`hybridrank.losses`, :mod:`hybridrank.metrics`, :mod:`hybridrank.models`,
-:mod:`hybridrank.serving`, and :mod:`hybridrank.cli` on top. The names most users need are
+:mod:`hybridrank.serving`, :mod:`hybridrank.evaluation`, and :mod:`hybridrank.cli` on top. The names most users need are
 re-exported here; they are imported on first use, so ``import hybridrank`` stays cheap.
 """
 
@@ -38,8 +38,7 @@ _EXPORTS = {
     "compare_bootstrap": "hybridrank.metrics", "format_interval": "hybridrank.metrics",
     "paired_bootstrap": "hybridrank.metrics",
     # models
-    "HybridRanker": "hybridrank.models", "evaluate_chunks": "hybridrank.models",
-    "evaluate_logits": "hybridrank.models", "DCNv2Scorer": "hybridrank.models",
+    "HybridRanker": "hybridrank.models", "DCNv2Scorer": "hybridrank.models",
     "DeepFMScorer": "hybridrank.models", "FMScorer": "hybridrank.models",
     "LinearScorer": "hybridrank.models", "ListAwareScorer": "hybridrank.models",
     "MLPScorer": "hybridrank.models", "PositionBias": "hybridrank.models",
@@ -51,6 +50,9 @@ _EXPORTS = {
     "score_frame": "hybridrank.serving", "position_factors": "hybridrank.serving",
     "replay_auctions": "hybridrank.serving", "replay_frame": "hybridrank.serving",
     "run_auction": "hybridrank.serving",
+    # evaluation
+    "evaluate_chunks": "hybridrank.evaluation", "evaluate_logits": "hybridrank.evaluation",
+    "evaluate_model": "hybridrank.evaluation",
     # entry point
     "train": "hybridrank.cli.train",
 }

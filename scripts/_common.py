@@ -6,7 +6,7 @@
   it loads or on already loaded splits shared by several runs;
 - the one LightGBM fitter, :func:`fit_lightgbm` (``binary`` / ``lambdarank``, early stopping on
   the validation part), and :func:`require_lightgbm`: a missing optional dependency is an error;
-- scoring any model's flat logits with :func:`hybridrank.models.ranker.evaluate_logits` under several
+- scoring any model's flat logits with :func:`hybridrank.evaluation.evaluate_logits` under several
   metric conventions, so LightGBM and hybridrank rows share one code path;
 - mean ± std formatting and rewriting one marked section of ``docs/BENCHMARKS.md``, only when
   asked (``--write-docs``, :func:`add_docs_options`) and only after a complete run
@@ -193,7 +193,7 @@ BASE_METRICS = dict(ks=(1, 3, 5, 10), gain="exp", ties="average", bins=15, binni
 def evaluate(data, logits: torch.Tensor, empties: Iterable[str] = ("skip", "zero")
              ) -> dict[str, dict[str, float]]:
     """``{empty: metrics}`` of flat ``[N]`` logits on a split, one entry per empty-list policy."""
-    from hybridrank.models.ranker import evaluate_logits
+    from hybridrank.evaluation.figures import evaluate_logits
 
     return {e: evaluate_logits(data, logits, empty=e, **BASE_METRICS) for e in empties}
 

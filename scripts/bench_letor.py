@@ -8,7 +8,7 @@ Fold k is built from the parts S1..S5 (train = the three parts after k - 1, cycl
 validation = the next part; test = the last; see the shared DATASETS.md). Every model sees only
 its fold's training rows, stops early on the fold's validation part only, and is reported on the
 fold's test part. Every row -- LightGBM included -- is scored by the same code,
-:func:`hybridrank.models.ranker.evaluate_logits`: NDCG@1/3/5/10 (exp gain, ties averaged) and MAP under
+:func:`hybridrank.evaluation.evaluate_logits`: NDCG@1/3/5/10 (exp gain, ties averaged) and MAP under
 ``empty="skip"`` and ``empty="zero"``, and on binary relevance (label > 0) the log loss, ECE
 (15 quantile bins) and PCOC of ``sigmoid(score)``. The table shows mean ± std over the folds.
 

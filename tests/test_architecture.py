@@ -22,7 +22,8 @@ LAYERS = {
     "metrics": 2,
     "models": 3,
     "serving": 4,
-    "cli": 5,
+    "evaluation": 5,
+    "cli": 6,
 }
 
 

@@ -7,7 +7,8 @@ import polars as pl
 import pytest
 import torch
 
-from hybridrank.cli.compare import compare_scores, main
+from hybridrank.cli.compare import main
+from hybridrank.evaluation.tables import compare_scores
 
 
 def _frames(seed: int = 0, n_req: int = 400, size: int = 8):
@@ -53,7 +54,7 @@ def test_report_cells_are_the_engines_points_and_the_metrics_of_the_scores():
     the file's scores by plain loops / sklearn."""
     from sklearn.metrics import average_precision_score, ndcg_score, roc_auc_score
 
-    from hybridrank.cli.compare import METRICS
+    from hybridrank.evaluation.figures import COMPARE_METRICS as METRICS
     from hybridrank.metrics.calibration import bin_index
     from hybridrank.metrics.request_stats import frame_stats
 

@@ -733,7 +733,8 @@ def _export(run, *overrides):
 
 @pytest.mark.slow
 def test_export_of_a_split_refuses_changed_added_or_missing_training_files(glob_run):
-    from hybridrank.cli.export import evaluate, load_model
+    from hybridrank.cli.export import evaluate
+    from hybridrank.serving.checkpoint import load_model
 
     folder = glob_run["dir"]
     a, b = folder / "a.parquet", folder / "b.parquet"

@@ -323,7 +323,7 @@ def test_train_table_points_equal_brute_force_and_intervals_rest_on_the_same_sta
 
     import hydra
 
-    from hybridrank.cli.train import TABLE_COLUMNS, final_statistics, format_table
+    from hybridrank.evaluation import TABLE_COLUMNS, format_table, model_statistics
     from hybridrank.metrics.uncertainty import interval_table
     from hybridrank.models.ranker import HybridRanker
 
@@ -357,7 +357,7 @@ def test_train_table_points_equal_brute_force_and_intervals_rest_on_the_same_sta
             "pcoc": sum(p) / sum(1.0 for v in labels if v > 0),
             "f_ece@item_category": gap_ref(p, labels, cat),
         }
-        from hybridrank.cli.train import interval_cell
+        from hybridrank.evaluation import interval_cell
 
         iv = result["intervals"]["rows"][name]
         cells = []
@@ -374,7 +374,7 @@ def test_train_table_points_equal_brute_force_and_intervals_rest_on_the_same_sta
                    for c in columns)
     # the intervals rest on these statistics: rebuilt, weighted by ones they give the points,
     # and resampled with the run's seed they give the run's intervals
-    stats = final_statistics(model, [test])
+    stats = model_statistics(model, [test])
     for name, st_ in stats.items():
         ones = st_.values_of(torch.ones(1, st_.n_requests), list(columns))
         assert {c: float(ones[c][0][0]) for c in columns} == {c: values[name][c] for c in columns}

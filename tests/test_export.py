@@ -12,12 +12,12 @@ import pytest
 import torch
 
 from hybridrank.atomic import atomic_path
-from hybridrank.cli.export import load_model
 from hybridrank.lists import ListData, lengths_to_offsets
 from hybridrank.losses import HybridLoss
 from hybridrank.models.ranker import HybridRanker
 from hybridrank.models.scorers import MLPScorer
 from hybridrank.serving.calibration import IsotonicCalibrator, PlattCalibrator, calibrator_from_dict
+from hybridrank.serving.checkpoint import load_model
 from hybridrank.serving.export import (
     ScoreWriter,
     build_metadata,

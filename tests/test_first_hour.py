@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from hybridrank.cli.train import TABLE_COLUMNS, format_table
+from hybridrank.evaluation import TABLE_COLUMNS, format_table
 from hybridrank.lists import ListData, lengths_to_offsets
 from hybridrank.metrics.request_stats import flat_stats
 from hybridrank.metrics.uncertainty import interval_table
@@ -87,7 +87,7 @@ def test_base_rate_ece_is_zero_and_its_resamples_are_not():
                          metrics=("ece",), n_boot=200, seed=0)
     est, lower, upper = iv["rows"]["base rate"]["ece"]
     assert est == pytest.approx(0.0, abs=1e-8) and lower > est  # 0 up to the float32 rate
-    from hybridrank.cli.train import interval_cell
+    from hybridrank.evaluation import interval_cell
 
     assert interval_cell("ece", est, lower, upper) == (f"0.0000 [0, {upper:.4f}]⁺", "⁺")
 
@@ -104,7 +104,7 @@ def test_a_cell_without_interval_says_why():
 
 
 def test_interval_cell_rules():
-    from hybridrank.cli.train import interval_cell
+    from hybridrank.evaluation import interval_cell
 
     assert interval_cell("ndcg@10", 0.5, 0.45, 0.55) == ("0.5000 [0.4500, 0.5500]", None)
     assert interval_cell("f_ece@item", 0.001, 0.002, 0.01) == ("0.0010 [0, 0.0100]⁺", "⁺")

@@ -251,7 +251,8 @@ def drifting_run(tmp_path_factory, compose_cfg):
 
 @pytest.mark.slow
 def test_export_follows_the_trend_row_by_row(drifting_run, tmp_path):
-    from hybridrank.cli.export import evaluate, export, load_model
+    from hybridrank.cli.export import evaluate, export
+    from hybridrank.serving.checkpoint import load_model
     from hybridrank.serving.export import read_scores
 
     compose = drifting_run["compose"]

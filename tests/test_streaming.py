@@ -25,6 +25,7 @@ from hybridrank.data.simulate import simulate_clicklog
 from hybridrank.data.sources import SIM_COLUMNS_MAP, ClickLogSource
 from hybridrank.data.stream import BatchStream
 from hybridrank.data.streaming import StreamingClickLogSource
+from hybridrank.evaluation import evaluate_model
 from hybridrank.losses import HybridLoss
 from hybridrank.models.ranker import HybridRanker
 from hybridrank.models.scorers import MLPScorer
@@ -409,8 +410,8 @@ def test_several_chunks_keep_the_split_schema_and_keep_rate_of_the_whole_log(tmp
     pieces = list(b.eval_chunks("val", max_rows=100))
     assert len(pieces) > len(list(b.eval_chunks("val")))  # max_rows cuts the chunks further
     assert all(d.n_impressions <= 100 or d.n_requests == 1 for d in pieces)
-    whole_val = model.evaluate(list(a.eval_chunks("val")))
-    chunked_val = model.evaluate(pieces)
+    whole_val = evaluate_model(model, list(a.eval_chunks("val")))
+    chunked_val = evaluate_model(model, pieces)
     assert chunked_val.keys() == whole_val.keys()
     for k, v in whole_val.items():
         assert chunked_val[k] == pytest.approx(v, rel=1e-6, abs=1e-6), k

@@ -12,7 +12,8 @@ import pytest
 import torch
 import yaml
 
-from hybridrank.cli.train import format_table, train
+from hybridrank.cli.train import train
+from hybridrank.evaluation.tables import format_table
 
 SMALL = ["data.source.n_users=800", "trainer.enable_progress_bar=false"]
 

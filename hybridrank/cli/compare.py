@@ -9,78 +9,21 @@ each gets ranking and calibration metrics with percentile bootstrap intervals ov
 every file after the first a paired comparison with the first on the same resamples (the request
 noise common to both cancels): the difference, its interval and a two-sided p-value. The number
 of requests and positive labels is printed: a difference of 0.002 NDCG on 150 requests is noise.
+The figures and the report's text are :mod:`hybridrank.evaluation`'s (``compare_figures``,
+``compare_scores``); this module reads the files and prints.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-import numpy as np
-import polars as pl
-
 from hybridrank.cli._app import add_deprecated_alias, cli_errors
-from hybridrank.metrics.request_stats import frame_stats
-from hybridrank.metrics.uncertainty import compare_bootstrap, format_interval
-from hybridrank.serving.export import read_score_table, require_columns
+from hybridrank.evaluation.tables import compare_scores
+from hybridrank.serving.export import read_score_table
 
-__all__ = ["compare_scores", "main"]
-
-METRICS = ("ndcg@10", "gauc", "map", "logloss", "ece", "pcoc")
-
-
-def compare_scores(frames: Mapping[str, pl.DataFrame], *, score: str = "pctr",
-                   label: str = "label", request: str = "request_id",
-                   metrics: Sequence[str] = METRICS, n_boot: int = 1000, alpha: float = 0.05,
-                   seed: int = 0, empty: str = "skip") -> str:
-    """A Markdown report: each frame's metrics with intervals, and paired tests vs the first.
-
-    Args:
-        frames: name -> score frame (request id, label, score columns; the same requests and
-            labels in every frame, rows sorted by request).
-        score: the probability column (``pctr``); it is also the ranking score.
-        metrics: which to report; n_boot, alpha, seed: the bootstrap; empty: NDCG's policy for
-            requests without a positive label.
-    """
-    require_columns(frames, (request, label, score))
-    names = list(frames)
-    first = frames[names[0]]
-    for name, f in frames.items():
-        if f.height != first.height:
-            raise ValueError(f"{name}: {f.height} rows vs {first.height} in {names[0]}; the files "
-                             "must score the same impressions")
-        for col in (request, label):
-            diff = np.flatnonzero(f[col].to_numpy() != first[col].to_numpy())
-            if diff.size:
-                i = int(diff[0])
-                raise ValueError(f"{name}: column {col!r} differs from {names[0]} at {diff.size} "
-                                 f"row(s), first row {i + 1}: {f[col][i]!r} vs {first[col][i]!r}")
-    stats = {n: frame_stats(frames[n], score=score, label=label, request=request, empty=empty)
-             for n in names}
-    have = [m for m in metrics if m in stats[names[0]].metrics]
-    ivs, paired = compare_bootstrap(stats, n_boot=n_boot, alpha=alpha, seed=seed, metrics=have)
-    s0 = stats[names[0]]
-    lines = [f"{s0.n_requests:,} requests, {first.height:,} impressions, {s0.n_positives:,} positive "
-             f"labels; {100 * (1 - alpha):g} % percentile bootstrap intervals over requests "
-             f"({n_boot} resamples, seed {seed}).", "",
-             "| scores | " + " | ".join(have) + " |", "|---" * (len(have) + 1) + "|"]
-    for n in names:
-        lines.append(f"| {n} | " + " | ".join(format_interval(ivs[n][m], 4) for m in have) + " |")
-    if len(names) > 1:
-        lines += ["", f"Paired with `{names[0]}` (difference = row - `{names[0]}`, same resamples):",
-                  "", "| scores | " + " | ".join(have) + " |", "|---" * (len(have) + 1) + "|"]
-        for n in names[1:]:
-            cells = []
-            for m in have:
-                d = paired[n][m]
-                cells.append(d.verdict if d.p_value is None else
-                             f"{d.diff:+.4g} [{d.lower:+.4g}, {d.upper:+.4g}], p = {d.p_value:.3g}"
-                             + (" *" if d.p_value < alpha else ""))
-            lines.append(f"| {n} | " + " | ".join(cells) + " |")
-        lines += ["", f"`*`: significant at {100 * alpha:g} % (two-sided paired bootstrap)."]
-    return "\n".join(lines)
+__all__ = ["main"]
 
 
 @cli_errors("hybridrank-compare")

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import json
 import logging
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -34,13 +33,13 @@ from omegaconf import DictConfig, OmegaConf
 
 from hybridrank.atomic import check_writable
 from hybridrank.cli._app import cli_errors, hydra_job, quiet_third_party
-from hybridrank.cli.train import CONF_DIR, ONE_SIDED_MARK, OUTSIDE_MARK, interval_cell, level_sentence
+from hybridrank.cli.train import CONF_DIR
 from hybridrank.data.fingerprint import check_fingerprint
 from hybridrank.data.sources import Source
+from hybridrank.evaluation.figures import calibration_report, score_split
+from hybridrank.evaluation.tables import format_calibration_report, level_sentence, summary_row
 from hybridrank.lists import ListData
-from hybridrank.metrics.report import calibration_summary, stats_summary, write_report
-from hybridrank.metrics.request_stats import flat_stats
-from hybridrank.metrics.uncertainty import interval_table
+from hybridrank.metrics.report import calibration_summary, write_report
 from hybridrank.models.ranker import HybridRanker
 from hybridrank.serving.calibration import (
     AutoCalibrator,
@@ -49,6 +48,7 @@ from hybridrank.serving.calibration import (
     correction_shift,
     resolve_correction,
 )
+from hybridrank.serving.checkpoint import load_model, resolve_checkpoint
 from hybridrank.serving.export import (
     ScoreWriter,
     build_metadata,
@@ -59,90 +59,13 @@ from hybridrank.serving.export import (
 )
 from hybridrank.serving.level_trend import LevelTrend, model_level_trend
 
-__all__ = ["export", "evaluate", "export_main", "eval_main", "prepare", "load_model",
-           "resolve_checkpoint", "input_chunks"]
+__all__ = ["export", "evaluate", "export_main", "eval_main", "prepare", "input_chunks"]
 
 log = logging.getLogger(__name__)
 
 SPLITS = ("train", "val", "test")
 _OPTIONAL_ROLES = ("session", "user", "time", "position", "item", "bid", "true_p", "explore",
                    "propensity")
-
-
-def load_model(path: str | Path) -> HybridRanker:
-    """``HybridRanker.load_from_checkpoint`` on CPU in eval mode, with errors that say what is wrong.
-
-    ``path`` is a checkpoint file, or a ``hybridrank-train`` output folder (its best checkpoint,
-    as named in its ``metrics.json``).
-
-    Raises:
-        FileNotFoundError: no such file. ValueError: not a checkpoint (another kind of file, named),
-        or not one written by ``hybridrank-train`` (hyper-parameters missing).
-    """
-    path = resolve_checkpoint(path)
-    _check_checkpoint_file(path)
-    try:
-        head = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:  # a damaged file or a checkpoint holding arbitrary Python objects
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise ValueError(f"{path} is not a readable hybridrank checkpoint ({type(e).__name__}: "
-                         f"{first[:200]})") from e
-    if not isinstance(head, dict):
-        raise ValueError(f"{path} is not a hybridrank checkpoint: it holds a "
-                         f"{type(head).__name__}, not a Lightning checkpoint")
-    hp = head.get("hyper_parameters") or {}
-    missing = [k for k in ("scorer", "loss", "data") if not hp.get(k)]
-    if missing or "state_dict" not in head:
-        raise ValueError(f"{path} is not a hybridrank checkpoint: hyper-parameters {missing} "
-                         f"missing (it must be written by hybridrank-train / HybridRanker built "
-                         f"from configs)")
-    del head
-    model = HybridRanker.load_from_checkpoint(path, map_location="cpu", weights_only=True)
-    return model.eval()
-
-
-def resolve_checkpoint(path: str | Path) -> Path:
-    """A checkpoint file as given, or the best checkpoint of a ``hybridrank-train`` run folder."""
-    path = Path(path)
-    if path.is_dir():
-        metrics = path / "metrics.json"
-        if not metrics.is_file():
-            raise FileNotFoundError(f"checkpoint={path} is a folder without metrics.json: give a "
-                                    f"checkpoint file or a finished hybridrank-train run folder")
-        best = json.loads(metrics.read_text()).get("best_checkpoint")
-        if not best:
-            raise ValueError(f"{metrics} names no best checkpoint (a run with callbacks=none "
-                             f"keeps none)")
-        # the run folder may have moved since: look in its own checkpoints/ too
-        candidates = [Path(best), path / "checkpoints" / Path(best).name]
-        found = next((c for c in candidates if c.is_file()), None)
-        if found is None:
-            raise FileNotFoundError(f"the best checkpoint of {path} ({Path(best).name}) is missing")
-        return found
-    if not path.is_file():
-        raise FileNotFoundError(f"checkpoint not found: {path}")
-    return path
-
-
-#: leading bytes of files that get passed as checkpoints by mistake
-_MAGIC = {b"PAR1": "a parquet file", b"\x89PNG": "a PNG image", b"\x7fELF": "an executable",
-          b"\x1f\x8b": "a gzip file", b"{": "a JSON file", b"ONNX": "an ONNX model"}
-
-
-def _check_checkpoint_file(path: Path) -> None:
-    """Refuse files that cannot be a torch checkpoint before ``torch.load`` reads them (its
-    error on such files suggests ``weights_only=False``: advice that does not apply here)."""
-    with open(path, "rb") as f:
-        head = f.read(8)
-    if head.startswith(b"PK\x03\x04") or head[:1] == b"\x80":  # torch's zip / legacy pickle
-        return
-    kind = next((what for magic, what in _MAGIC.items() if head.startswith(magic)), None)
-    if kind is None:
-        kind = "an empty file" if not head else (
-            "a text file" if all(32 <= b < 127 or b in (9, 10, 13) for b in head) else
-            "not a torch file")
-    raise ValueError(f"{path} is not a checkpoint ({kind}); give a .ckpt file written by "
-                     f"hybridrank-train (RUN_DIR/checkpoints/epochNN.ckpt) or its run folder")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -198,7 +121,12 @@ class Prepared:
         """The logit shift of every impression of ``data``: the downsampling correction plus the
         level trend at its request's time (at the end of the training log when it has none)."""
         time = None if data.time is None else data.time[data.request_of_row()]
-        return self.shift + self.level_trend.shift(time, n=data.n_impressions)
+        return self.shift_at(time, data.n_impressions)
+
+    def shift_at(self, time: torch.Tensor | None, n: int) -> torch.Tensor:
+        """The logit shift of ``n`` impressions whose requests were at ``time`` (``[n]`` seconds;
+        None: at the end of the training log): the correction plus the level trend."""
+        return self.shift + self.level_trend.shift(time, n=n)
 
 
 def _container(node) -> Any:
@@ -521,7 +449,7 @@ def evaluate(cfg: DictConfig) -> dict[str, Any]:
     the downsampling correction; ``after``: calibrated; ``oracle``: the true pCTR on simulated
     data), ``ranking`` (NDCG / GAUC ... of both) and the calibrator's parameters. Every figure of a
     row, and its bootstrap interval (``n_boot``), derives from one set of per-request statistics of
-    that row (:mod:`hybridrank.metrics.request_stats`).
+    that row (:func:`hybridrank.evaluation.figures.calibration_report`).
     """
     split = str(cfg.get("split", "test"))
     if split not in SPLITS:
@@ -529,59 +457,34 @@ def evaluate(cfg: DictConfig) -> dict[str, Any]:
     out_dir = Path(cfg.output_dir)
     check_writable(out_dir / "calibration.json")
     prep = prepare(cfg)
-    chunk_rows = int(cfg.get("chunk_rows", 200_000))
-    datas, zs, moved = [], [], []
-    for data in prep.chunks(split, chunk_rows):
-        datas.append(data)  # scored where the labels were drawn (logged positions, for a tower)
-        zs.append(prep.model.predict_split(data, at_logged_position=True)[0].double() + prep.shift)
-        moved.append(prep.row_shift(data) - prep.shift)
-    z = torch.cat(zs)
-    label = torch.cat([d.label for d in datas])
-    lengths = torch.cat([d.lengths for d in datas])
-    position = None if datas[0].position is None else torch.cat([d.position for d in datas])
-    p_after = prep.calibrator.predict_proba(z + torch.cat(moved))  # what the export writes
-    fields, field_labels = _report_fields(prep.model, cfg.get("fields"), datas)
-    # one set of per-request statistics per row: the summaries, the ranking metrics and the
-    # intervals all derive from it (hybridrank.metrics.request_stats)
-    conventions = {**prep.model.metric_conventions, "bins": int(cfg.get("bins", 15))}
-
-    def statistics(scores: torch.Tensor, p: torch.Tensor):
-        return flat_stats(scores, label, lengths, p=p, position=position, fields=fields,
-                          **conventions)
-
-    stats = {"before": statistics(z, torch.sigmoid(z)), "after": statistics(p_after, p_after)}
-    if datas[0].true_p is not None:
-        true_p = torch.cat([d.true_p for d in datas]).double()
-        stats["oracle (true pCTR)"] = statistics(true_p, true_p)
-    summaries = {name: stats_summary(st, field_labels=field_labels) for name, st in stats.items()}
-
-    def points(name: str) -> dict[str, float]:
-        return {k: v for k, v in stats[name].point().items() if v is not None}
-
+    columns, field_labels = _report_fields(prep.model, cfg.get("fields"))
+    # scored where the labels were drawn (logged positions, for a tower)
+    scored = score_split(prep.model, prep.chunks(split, int(cfg.get("chunk_rows", 200_000))),
+                         fields=columns)
+    moved = prep.shift_at(scored.time, scored.n_impressions) - prep.shift  # the level trend
+    report = calibration_report(
+        scored, prep.calibrator, shift=prep.shift, moved=moved,
+        conventions={**prep.model.metric_conventions, "bins": int(cfg.get("bins", 15))},
+        field_labels=field_labels, n_boot=int(cfg.get("n_boot", 1000)), seed=int(cfg.get("seed", 0)))
     extra = {"checkpoint": prep.checkpoint_path, "checkpoint_sha256": prep.checkpoint_sha256,
              "split": split, "calibrator": prep.calibrator.to_dict(),
              "correction": prep.correction, "level_trend": prep.level_trend.to_dict(),
-             "calibration_fit": prep.calibration_fit, "ranking": {"before": points("before"), "after": points("after")}}
-    n_boot = int(cfg.get("n_boot", 1000))
-    if n_boot:
-        # intervals over the split's requests; "after" and the oracle paired against "before"
-        names = tuple(fields or ())
-        extra["intervals"] = interval_table(
-            stats, metrics=("logloss", "ece", "pcoc", "ndcg@10", "gauc",
-                            *(f"f_ece@{n}" for n in names)),
-            n_boot=n_boot, seed=int(cfg.get("seed", 0)))
+             "calibration_fit": prep.calibration_fit, "ranking": report["ranking"]}
+    if "intervals" in report:
+        extra["intervals"] = report["intervals"]
+    summaries = report["summaries"]
     files = write_report(out_dir, summaries, extra=extra, figures=bool(cfg.get("figures", True)))
     return {**extra, "summaries": summaries, "files": files}
 
 
-def _report_fields(model, names, datas: list[ListData]):
-    """Codes and code names of the report's calibration fields: ``names`` (None: the model's
-    ``metrics.fields``), categorical features of the model's schema."""
+def _report_fields(model: HybridRanker, names) -> tuple[dict[str, int], dict[str, Any] | None]:
+    """``({field: column of ListData.cat}, {field: code -> name})`` of the report's calibration
+    fields: ``names`` (None: the model's ``metrics.fields``), categorical features of the model's
+    schema; ``({}, None)`` when there are none."""
     resolved = model.metric_fields if names is None else model._resolve_fields(list(names))
     if not resolved:
-        return None, None
+        return {}, None
     schema = model.schema
-    codes = {n: torch.cat([d.cat[:, j] for d in datas]) for n, (j, _) in resolved.items()}
 
     def namer(column: str):
         if schema.vocab_policy[column].hashed:
@@ -589,12 +492,7 @@ def _report_fields(model, names, datas: list[ListData]):
         vocab = schema.vocab[column]
         return lambda code: "out of vocabulary / missing" if code == 0 else vocab[code - 1]
 
-    return codes, {n: namer(n) for n in resolved}
-
-
-def _summary_line(name: str, s: Mapping[str, Any]) -> str:
-    pc = "n/a" if s.get("pcoc") is None else f"{s['pcoc']:.4f}"
-    return f"| {name} | {s['logloss']:.5f} | {s['ece']:.5f} | {pc} |"
+    return {n: j for n, (j, _) in resolved.items()}, {n: namer(n) for n in resolved}
 
 
 def correction_line(c: Mapping[str, Any]) -> str:
@@ -614,8 +512,8 @@ def _export_hydra(cfg: DictConfig) -> None:
     if fit:
         print(f"calibrator fitted on the {fit['split']} split:")
         print("| | logloss | ECE | PCOC |\n|---|---|---|---|")
-        print(_summary_line("before", fit["before"]))
-        print(_summary_line("after", fit["after"]))
+        print(summary_row("before", fit["before"]))
+        print(summary_row("after", fit["after"]))
     print(correction_line(result["correction"]))
     for kind, path in result["portable"].items():
         print(f"{kind}: {path}")
@@ -626,39 +524,7 @@ def _export_hydra(cfg: DictConfig) -> None:
 def _eval_hydra(cfg: DictConfig) -> None:
     with quiet_third_party():
         result = evaluate(cfg)
-    iv = result.get("intervals")
-    if iv:
-        cols = tuple(next(iter(iv["rows"].values())))
-        print(f"| {result['split']} split | " + " | ".join(cols) + " |\n" + "|---" * (len(cols) + 1)
-              + "|")
-        feet: dict[str, list[str]] = {}
-        for name, row in iv["rows"].items():
-            cells = []
-            for c in cols:
-                note = iv.get("notes", {}).get(name, {}).get(c, "")
-                text, foot = interval_cell(c, *row[c], note)
-                cells.append(text)
-                if foot:
-                    feet.setdefault(foot, []).append(f"{name} {c}")
-            print(f"| {name} | " + " | ".join(cells) + " |")
-        for foot, where in feet.items():
-            if foot == ONE_SIDED_MARK:
-                print(f"{foot} ECE is >= 0 and biased upwards: a point below its percentile "
-                      f"interval gets the one-sided [0, upper] ({', '.join(where)})")
-            elif foot == OUTSIDE_MARK:
-                print(f"{foot} point outside its percentile interval ({', '.join(where)})")
-            else:
-                print(f"[no interval] {', '.join(where)}: {foot}")
-        for name, row in iv["paired"].items():
-            d = row["logloss"]
-            print(f"{name} - before, log loss: {d['diff']:+.5f} [{d['lower']:+.5f}, "
-                  f"{d['upper']:+.5f}] ({d['verdict']})")
-        print(f"{100 * (1 - iv['alpha']):.0f} % bootstrap intervals over {iv['n_requests']:,} "
-              f"requests, {iv['n_positives']:,} positives")
-    else:
-        print(f"| {result['split']} split | logloss | ECE | PCOC |\n|---|---|---|---|")
-        for name, s in result["summaries"].items():
-            print(_summary_line(name, s))
+    print(format_calibration_report(result))
     for kind, path in result["files"].items():
         print(f"{kind}: {path}")
 

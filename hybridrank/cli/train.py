@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import sys
 import time
-from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -19,14 +17,14 @@ from omegaconf import DictConfig, OmegaConf
 from hybridrank.atomic import write_json, write_text
 from hybridrank.cli._app import cli_errors, drop_adverts, hydra_job, quiet_third_party
 from hybridrank.cli.callbacks import CSVHistoryLogger, EpochProgressBar, ValHistory
+from hybridrank.evaluation.figures import CHUNK_ROWS, TABLE_COLUMNS, final_figures
+from hybridrank.evaluation.tables import format_offsets, format_table
 from hybridrank.models.ranker import HybridRanker
+from hybridrank.serving.checkpoint import atomic_torch_save, checkpoint_state
 
-__all__ = ["train", "train_main", "format_table", "build_model", "build_trainer", "reference_rows",
-           "final_statistics", "final_figures"]
+__all__ = ["train", "train_main", "resume_main", "build_model", "build_trainer", "build_datamodule"]
 
 log = logging.getLogger(__name__)
-
-TABLE_COLUMNS = ("ndcg@10", "gauc", "logloss", "ece", "pcoc")
 
 #: The configs: the repository's ``conf/`` folder, installed inside the package as
 #: ``hybridrank.conf`` (pyproject.toml), so editable and regular installs find the same files.
@@ -138,7 +136,8 @@ def train(cfg: DictConfig, *, splits=None) -> dict[str, Any]:
         if trainer.is_global_zero:
             # trainer.test restored the best weights into `model`; the final figures and their
             # intervals come from one set of per-request statistics of the test split
-            result.update(final_figures(model, datamodule, **(cfg.get("intervals") or {})))
+            result.update(final_figures(model, datamodule.eval_chunks("test", CHUNK_ROWS),
+                                        **(cfg.get("intervals") or {})))
             result["level_trend"] = training_level_trend(model, datamodule)
     if model.position_bias is not None:  # the best checkpoint's offsets (restored by trainer.test)
         if best is not None and not cfg.get("test_after_fit", True):
@@ -165,15 +164,13 @@ RESUME_CONFIG = "resume_config.yaml"
 def refit_position_bias(trainer: pl.Trainer, model: HybridRanker, datamodule, best: str | None) -> bool:
     """One more exact update of the position tower's offsets from the kept checkpoint's logits.
 
-    The per-epoch updates sum logits gathered while the weights still move; the kept model's own
-    logits spread more. This pass loads the best checkpoint's weights, runs them in eval mode over the
-    whole training split (every rank its shard; the sums are all-reduced as in training), takes
-    one exact per-slot step (the reference slot's step to the relevance intercept, bootstrap
-    replicates and diagnosis recomputed) and writes the weights back into the best checkpoint,
-    which test, export and eval then read. The validation figures in the report stay those of
-    the kept epoch. Skipped (False) without a tower, with ``refit: false``, without a best
-    checkpoint, or when negatives were dropped without re-weighting (the logits are then at the
-    sampled rate and the full split would move their level).
+    Loads the best checkpoint's weights into ``model``, refits the offsets on the whole training
+    split (:meth:`HybridRanker.refit_offsets`, as many batches as training reads) and writes the
+    weights back into the best checkpoint, which test, export and eval then read. The validation
+    figures in the report stay those of the kept epoch. Skipped (False) without a tower, with
+    ``refit: false``, without a best checkpoint, or when negatives were dropped without
+    re-weighting (the logits are then at the sampled rate and the full split would move their
+    level).
     """
     tower = model.position_bias
     if tower is None or not getattr(tower, "refit", False) or best is None:
@@ -183,20 +180,12 @@ def refit_position_bias(trainer: pl.Trainer, model: HybridRanker, datamodule, be
         log.info("position tower: no refit on the kept checkpoint (negatives sampled without "
                  "re-weighting)")
         return False
-    from hybridrank.serving.checkpoint import atomic_torch_save
-
     # the kept weights, loaded by hand: validate(ckpt_path=...) would also restore the callbacks'
     # state (the stopping rule's) to the kept epoch's
     state = torch.load(best, map_location="cpu", weights_only=False)
     model.load_state_dict(state["state_dict"])
-    limit = trainer.limit_val_batches
-    trainer.limit_val_batches = trainer.limit_train_batches  # the data the model was fitted on
-    model._refitting_offsets = True
-    try:
-        trainer.validate(model, dataloaders=datamodule.eval_dataloader("train"), verbose=False)
-    finally:
-        model._refitting_offsets = False
-        trainer.limit_val_batches = limit
+    model.refit_offsets(trainer, datamodule.eval_dataloader("train"),
+                        limit_batches=trainer.limit_train_batches)  # the data the model was fitted on
     if trainer.is_global_zero:
         state["state_dict"] = {k: v.detach().cpu() for k, v in model.state_dict().items()}
         atomic_torch_save(state, best)
@@ -227,7 +216,7 @@ def training_summary(trainer: pl.Trainer, best: str | None) -> dict[str, Any]:
             reason = "another limit (max_steps, max_time)"
     best_epoch = None
     if best:
-        best_epoch = int(_checkpoint_state(best)["epoch"]) + 1
+        best_epoch = int(checkpoint_state(best)["epoch"]) + 1
     return {"epochs": epochs, "best_epoch": best_epoch, "stopped_because": reason,
             "max_epochs": trainer.max_epochs}
 
@@ -270,10 +259,6 @@ def finished_result(out_dir: Path) -> dict[str, Any] | None:
     return result
 
 
-def _checkpoint_state(path: str | Path) -> dict[str, Any]:
-    return torch.load(path, map_location="cpu", weights_only=True)
-
-
 def kept_val_metrics(trainer: pl.Trainer, best: str | None) -> tuple[int | None, dict[str, float]]:
     """``(epoch, val metrics)`` of the checkpoint the run keeps, epoch 1-based.
 
@@ -282,7 +267,7 @@ def kept_val_metrics(trainer: pl.Trainer, best: str | None) -> tuple[int | None,
     checkpoint (``callbacks=none``) the model kept is the last epoch's.
     """
     history = next((c.history for c in trainer.callbacks if isinstance(c, ValHistory)), {})
-    epoch = int(_checkpoint_state(best)["epoch"]) if best else None
+    epoch = int(checkpoint_state(best)["epoch"]) if best else None
     if epoch is not None and epoch in history:
         return epoch + 1, dict(history[epoch])
     if epoch is not None and history:  # validation ran, but not at the kept checkpoint's epoch
@@ -301,7 +286,7 @@ def prepare_resume(trainer: pl.Trainer, ckpt_path: str) -> None:
       again) are removed, so the new ones keep their names (Lightning would write
       ``epoch01-v1.ckpt`` beside a stale ``epoch01.ckpt``).
     """
-    state = _checkpoint_state(ckpt_path)
+    state = checkpoint_state(ckpt_path)
     step = int(state.get("global_step", 0))
     for logger in trainer.loggers:
         if isinstance(logger, CSVHistoryLogger):
@@ -323,48 +308,6 @@ def prepare_resume(trainer: pl.Trainer, ckpt_path: str) -> None:
                 f.unlink()
 
 
-def reference_rows(label: torch.Tensor, true_p: torch.Tensor | None) -> dict[str, torch.Tensor]:
-    """Probabilities of the reference predictors on a split: the true pCTR when known, and the
-    base rate (the split's own click rate: a constant score, which with ``ties="average"`` is also
-    the expected NDCG of a random order)."""
-    rate = min(max(float((label > 0).double().mean()) if label.numel() else 0.0, 1e-7), 1 - 1e-7)
-    rows = {} if true_p is None else {"oracle (true pCTR)": true_p.double()}
-    rows["base rate"] = torch.full((label.numel(),), rate, dtype=torch.float64)
-    return rows
-
-
-def final_statistics(model: HybridRanker, chunks: Iterable) -> dict[str, Any]:
-    """Per-request statistics (:mod:`hybridrank.metrics.request_stats`) of this model and the
-    reference rows on a split given as chunks of whole requests, with the model's metric
-    conventions and fields. Only the scores, labels, positions and field codes are kept."""
-    from hybridrank.metrics.request_stats import flat_stats
-
-    parts: dict[str, list] = {k: [] for k in ("z", "label", "lengths", "position", "true_p")}
-    codes: dict[str, list] = {n: [] for n in model.field_columns}
-    for data in chunks:
-        parts["z"].append(model.predict_split(data, at_logged_position=True)[0])
-        parts["label"].append(data.label)
-        parts["lengths"].append(data.lengths)
-        parts["position"].append(data.position)
-        parts["true_p"].append(data.true_p)
-        for n, j in model.field_columns.items():
-            codes[n].append(data.cat[:, j])
-    cat = {k: None if not v or any(t is None for t in v) else torch.cat(v) for k, v in parts.items()}
-    if cat["z"] is None:
-        raise ValueError("the split holds no request to evaluate")
-    fields = {n: torch.cat(c) for n, c in codes.items()}
-    conv = model.metric_conventions
-
-    def stats(scores, p=None):
-        return flat_stats(scores, cat["label"], cat["lengths"], p=p, position=cat["position"],
-                          fields=fields, **conv)
-
-    out = {"this model": stats(cat["z"])}
-    for name, p in reference_rows(cat["label"], cat["true_p"]).items():
-        out[name] = stats(p, p)
-    return out
-
-
 def training_level_trend(model: HybridRanker, datamodule) -> dict[str, Any]:
     """The kept model's level trend over the training and validation rows, as ``hybridrank-export``
     tests it with its defaults (:func:`~hybridrank.serving.level_trend.model_level_trend`; the
@@ -376,147 +319,6 @@ def training_level_trend(model: HybridRanker, datamodule) -> dict[str, Any]:
 
     chunks = itertools.chain(datamodule.eval_chunks("train", 1 << 20), datamodule.eval_chunks("val", 1 << 20))
     return model_level_trend(model, chunks).to_dict()
-
-
-def final_figures(model: HybridRanker, datamodule, *, n_boot: int = 0, alpha: float = 0.05,
-                seed: int = 0) -> dict[str, Any]:
-    """The final test figures of a run: ``test`` (this model, keys ``test/...``), ``reference``
-    (the oracle and base-rate rows) and, with ``n_boot``, ``intervals``: bootstrap intervals over
-    test requests (:func:`hybridrank.metrics.uncertainty.interval_table`, paired against this
-    model). Points and intervals derive from the same statistics (:func:`final_statistics`)."""
-    from hybridrank.metrics.uncertainty import interval_table
-
-    stats = final_statistics(model, datamodule.eval_chunks("test", 1 << 20))
-    points = {name: {k: v for k, v in st.point().items() if v is not None}
-              for name, st in stats.items()}
-    out: dict[str, Any] = {"test": {f"test/{k}": v for k, v in points.pop("this model").items()},
-                           "reference": points}
-    if n_boot:
-        metrics = TABLE_COLUMNS + tuple(f"f_ece@{n}" for n in model.field_columns)
-        out["intervals"] = interval_table(stats, metrics=metrics, n_boot=n_boot, alpha=alpha,
-                                          seed=seed)
-    return out
-
-
-#: metrics that cannot be negative and are biased upwards on finite data (docs/CONVENTIONS.md §5.2)
-BOUNDED_AT_ZERO = ("ece", "f_ece@")
-ONE_SIDED_MARK = "⁺"  # a one-sided interval [0, upper]
-OUTSIDE_MARK = "†"    # the point lies outside its percentile interval
-
-
-def interval_cell(metric: str, estimate: float | None, lower: float | None, upper: float | None,
-                  note: str = "") -> tuple[str, str | None]:
-    """One table cell ``estimate [lower, upper]`` and the footnote it needs (None if none).
-
-    - no interval: ``0.1234 [no interval]`` and the reason (e.g. most resamples have no click);
-    - a statistic bounded at 0 (ECE, F-ECE) whose point lies below its percentile interval (the
-      resamples' values are biased upwards, the point can sit at the bound): the one-sided
-      interval ``[0, upper]``, marked ``⁺``;
-    - any other point outside its interval: marked ``†``.
-
-    >>> interval_cell("ece", 0.0, 0.0009, 0.0531)
-    ('0.0000 [0, 0.0531]⁺', '⁺')
-    >>> interval_cell("ndcg@10", 0.5, 0.45, 0.55)
-    ('0.5000 [0.4500, 0.5500]', None)
-    """
-    if estimate is None or math.isnan(estimate):
-        return "n/a", None
-    if lower is None or upper is None:
-        return f"{estimate:.4f} [no interval]", note or "no interval"
-    if estimate < lower and metric.startswith(BOUNDED_AT_ZERO):
-        return f"{estimate:.4f} [0, {upper:.4f}]{ONE_SIDED_MARK}", ONE_SIDED_MARK
-    if not lower <= estimate <= upper:
-        return f"{estimate:.4f} [{lower:.4f}, {upper:.4f}]{OUTSIDE_MARK}", OUTSIDE_MARK
-    return f"{estimate:.4f} [{lower:.4f}, {upper:.4f}]", None
-
-
-def format_table(result: dict[str, Any], columns=TABLE_COLUMNS) -> str:
-    """A small Markdown table: the model's test metrics and the reference rows.
-
-    With ``result["intervals"]`` every cell is ``estimate [lower, upper]`` (bootstrap over test
-    requests, :func:`interval_cell`), a line says how many requests and positives they rest on,
-    and footnotes say why a cell has no interval or a one-sided one.
-    """
-    lines = ["| model | " + " | ".join(columns) + " |", "|---" * (len(columns) + 1) + "|"]
-    rows = [("this model", {k.removeprefix("test/"): v for k, v in result.get("test", {}).items()})]
-    rows += list(result.get("reference", {}).items())
-    iv = result.get("intervals") or {}
-    missing: dict[str, list[str]] = {}  # reason -> cells
-    marks: set[str] = set()
-    for name, values in rows:
-        cells = []
-        for c in columns:
-            ci = iv.get("rows", {}).get(name, {}).get(c)
-            if c not in values or math.isnan(values[c]):
-                cells.append("n/a")
-            elif ci:
-                note = iv.get("notes", {}).get(name, {}).get(c, "")
-                text, foot = interval_cell(c, values[c], ci[1], ci[2], note)
-                cells.append(text)
-                if foot in (ONE_SIDED_MARK, OUTSIDE_MARK):
-                    marks.add(foot)
-                elif foot:
-                    missing.setdefault(foot, []).append(f"{name} {c}")
-            else:
-                cells.append(f"{values[c]:.4f}")
-        lines.append(f"| {name} | " + " | ".join(cells) + " |")
-    if iv:
-        lines.append(f"\n{100 * (1 - iv['alpha']):.0f} % bootstrap intervals over "
-                     f"{iv['n_requests']:,} test requests ({iv['n_positives']:,} clicks / positive "
-                     f"labels; {iv['n_boot']} resamples, seed {iv['seed']}).")
-        if ONE_SIDED_MARK in marks:
-            lines.append(f"{ONE_SIDED_MARK} ECE is >= 0 and biased upwards on finite data: where the "
-                         "point lies below the percentile interval of its resamples, the cell shows "
-                         "the one-sided interval [0, upper].")
-        if OUTSIDE_MARK in marks:
-            lines.append(f"{OUTSIDE_MARK} the point lies outside the percentile interval of its "
-                         "resamples (a skewed statistic): read the interval as its spread only.")
-        for reason, where in missing.items():
-            lines.append(f"[no interval] {', '.join(where)}: {reason}.")
-    return "\n".join(lines)
-
-
-def format_offsets(report: Mapping[str, Any], max_rows: int = 10) -> str:
-    """The position tower's offsets with their intervals, one line per slot (the first
-    ``max_rows`` estimated slots) and a line on the tail and convergence."""
-    ref = report["reference_position"]
-    lines = [f"\nposition offsets (logit, relative to slot {ref}; {report['interval']['n_boot']} "
-             f"bootstrap replicates over requests, {100 * (1 - report['interval']['alpha']):.0f} %):"]
-    shown = 0
-    for j, off in enumerate(report["logit_offsets"]):
-        if shown >= max_rows:
-            break
-        if not report["estimated"][j]:
-            continue
-        lo, hi = report["lower"][j], report["upper"][j]
-        iv = f" [{lo:+.3f}, {hi:+.3f}]" if lo is not None else ""
-        lines.append(f"  slot {j + 1:>3}: {off:+.3f}{iv}  ({report['impressions'][j]:,.0f} impressions, "
-                     f"{report['clicks'][j]:,.0f} clicks)")
-        shown += 1
-    n_est = sum(report["estimated"])
-    if n_est > shown:
-        lines.append(f"  ... {n_est - shown} more slot(s) in metrics.json")
-    if report.get("tail_impressions"):
-        lines.append(f"  {report['tail_impressions']:,.0f} impressions past max_position="
-                     f"{report['max_position']} share its offset")
-    if report.get("last_change") is not None:
-        lines.append(f"  {report['updates']} updates; the last moved an offset by at most "
-                     f"{report['last_change']:.4f}")
-    level = report.get("serving_level")
-    if level:
-        lines.append("  " + level_sentence(level))
-    ident = report.get("identifiability") or {}
-    if ident.get("verdict"):
-        lines.append(f"  position effect {ident['verdict']}")
-    return "\n".join(lines)
-
-
-def level_sentence(level: Mapping[str, Any]) -> str:
-    """One line on the serving level's interval (:meth:`PositionBias.level_interval`)."""
-    lo, hi = level["ctr_factor"]
-    return (f"serving level: the true top-slot CTR lies within pctr x [{lo:.2f}, {hi:.2f}] "
-            f"({100 * (1 - level['alpha']):.0f} %; the clicks' sampling error given the model, "
-            f"not the model's own error nor drift)")
 
 
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="config")

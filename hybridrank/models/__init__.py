@@ -18,8 +18,6 @@ _EXPORTS = {
     "MLPScorer": "hybridrank.models.scorers",
     "PositionBias": "hybridrank.models.position",
     "embedding_dim": "hybridrank.models.scorers",
-    "evaluate_chunks": "hybridrank.models.ranker",
-    "evaluate_logits": "hybridrank.models.ranker",
     "init_output_bias": "hybridrank.models.scorers",
     "serve": "hybridrank.models.ranker",
 }

@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import copy
 import logging
-from collections.abc import Callable, Iterable, Mapping
+import math
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import hydra
@@ -27,14 +28,14 @@ import torch
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from torch import nn
 
-from hybridrank.lists import Batch, ListData, gather_lists, pad_index
+from hybridrank.lists import Batch, ListData, gather_lists
 from hybridrank.losses import HybridLoss
 from hybridrank.metrics.list_metrics import ListMetrics
 from hybridrank.models.position import position_obstacle, resolve_tower
 from hybridrank.models.scorers import column_tables, embedding_penalty, shift_click_logit
 from hybridrank.models.unseen import UNSEEN_DROPOUT, drop_unseen, probability_tables
 
-__all__ = ["HybridRanker", "serve", "evaluate_logits", "evaluate_chunks"]
+__all__ = ["HybridRanker", "serve"]
 
 log = logging.getLogger(__name__)
 
@@ -172,7 +173,7 @@ class HybridRanker(pl.LightningModule):
         if not isinstance(self.loss, HybridLoss):
             raise ValueError(f"loss must build a hybridrank.losses.HybridLoss, got {type(self.loss)}")
         self.data_info = dict(args["data"] or {})
-        # True while refit_position_bias runs its pass over the training data (validation hooks)
+        # True only while refit_offsets runs its pass (the validation hooks then feed the tower)
         self._refitting_offsets = False
         self.scorer = self._build_scorer(args["scorer"])
         n_out = getattr(self.scorer, "n_outputs", None)
@@ -340,13 +341,6 @@ class HybridRanker(pl.LightningModule):
             return torch.zeros(0), torch.zeros(0, self.loss.n_outputs)
         return torch.cat(logits), torch.cat(outs)
 
-    def evaluate(self, data: ListData | Iterable[ListData]) -> dict[str, float]:
-        """Metrics of this model on a split (or on chunks of whole requests of one), scored as
-        validation does (at the logged positions for a model with a position-bias tower)."""
-        chunks = [data] if isinstance(data, ListData) else data
-        pairs = ((c, self.predict_split(c, at_logged_position=True)[0]) for c in chunks)
-        return evaluate_chunks(pairs, self.new_metrics(), self.field_columns)
-
     # --- unseen-value dropout ---------------------------------------------------------------------
     def set_value_counts(self, counts: Mapping[str, Any]) -> dict[str, dict[str, float]]:
         """Set the unseen-value dropout from the training occurrences of each code of each
@@ -475,7 +469,7 @@ class HybridRanker(pl.LightningModule):
                        fields=self.field_codes(batch.cat, batch.index, batch.mask))
 
     def validation_step(self, batch: Batch, batch_idx: int) -> None:
-        if self._refitting_offsets:  # refit_position_bias: the kept model's sums, no metrics
+        if self._refitting_offsets:  # refit_offsets: the kept model's sums, no metrics
             positions = self._batch_positions(batch)
             z = self.predict(batch.num, batch.cat, batch.request, positions)[0]
             self._accumulate_offsets(batch, positions, z, self.global_step + 1 + batch_idx)
@@ -526,6 +520,43 @@ class HybridRanker(pl.LightningModule):
         if trainer is not None and not self._refitting_offsets:
             self.log("train/position_offset_change", float(change), sync_dist=False)
 
+    def refit_offsets(self, trainer: pl.Trainer, dataloader: Any, *,
+                      limit_batches: int | float | None = None) -> float | None:
+        """One more exact per-slot update of the position tower's offsets from this model's logits.
+
+        The per-epoch updates sum logits gathered while the weights still move; a kept model's own
+        logits spread more. This pass runs the model as it is, in eval mode, over ``dataloader``
+        (e.g. the training split, ``datamodule.eval_dataloader("train")``: every rank its shard,
+        the sums all-reduced as in training), adds every batch to the tower's per-slot sums at its
+        logged positions, and takes one exact step (the reference slot's step to the relevance
+        intercept; bootstrap replicates and diagnosis recomputed). No metric is computed or
+        logged. The pass is ``trainer.validate`` (devices, precision and DDP as in validation;
+        the bootstrap weights of batch ``i`` seeded by ``global_step + 1 + i``).
+
+        Args:
+            trainer: the trainer the model was fitted with (or one like it).
+            dataloader: batches of whole requests with positions.
+            limit_batches: how many batches to read (an int, or a share as Lightning's
+                ``limit_*_batches``); default the trainer's ``limit_val_batches``. The trainer's
+                own setting is restored afterwards.
+
+        Returns:
+            The largest move of an offset (logit), or None when no slot was updated.
+        """
+        if self.position_bias is None:
+            raise ValueError("refit_offsets needs a position-bias tower (model.position_bias)")
+        limit = trainer.limit_val_batches
+        if limit_batches is not None:
+            trainer.limit_val_batches = limit_batches
+        self._refitting_offsets = True
+        try:
+            trainer.validate(self, dataloaders=dataloader, verbose=False)
+        finally:
+            self._refitting_offsets = False
+            trainer.limit_val_batches = limit
+        change = float(self.position_bias.last_change)
+        return None if math.isnan(change) else change
+
     def on_validation_epoch_start(self) -> None:
         # before validation (and so before the checkpoint of this epoch): validation and the
         # checkpoint see the offsets fitted to this epoch's training data
@@ -549,30 +580,3 @@ class HybridRanker(pl.LightningModule):
         sched = self.scheduler_factory(opt)
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "monitor": self.monitor}}
 
-
-def evaluate_chunks(pairs: Iterable[tuple[ListData, torch.Tensor]], metrics: ListMetrics,
-                    field_columns: Mapping[str, int] | None = None) -> dict[str, float]:
-    """Metrics of flat logits over chunks of whole requests: ``pairs`` of ``(data, logits [N])``.
-
-    Requests are ranked within themselves (one-shot over all chunks; the states are sums, so the
-    result equals one update over the whole split). Values are floats; undefined metrics are left
-    out (see :class:`ListMetrics`). ``field_columns``: ``{field: column of data.cat}`` for the
-    metrics' calibration fields (:attr:`HybridRanker.field_columns`).
-    """
-    for data, logits in pairs:
-        index, mask = pad_index(data.lengths)
-        positions = None if data.position is None else gather_lists(data.position, index, mask)
-        fields = None
-        if field_columns:
-            fields = {n: gather_lists(data.cat[:, j], index, mask) for n, j in field_columns.items()}
-        metrics.update(gather_lists(logits.float(), index, mask),
-                       gather_lists(data.label, index, mask), mask, positions=positions,
-                       fields=fields)
-    return {k: float(v) for k, v in metrics.compute().items()
-            if isinstance(v, torch.Tensor) and v.numel() == 1}
-
-
-def evaluate_logits(data: ListData, logits: torch.Tensor, **metric_kwargs) -> dict[str, float]:
-    """Metrics of flat ``[N]`` logits on a split, ranking within requests (any model's scores:
-    reference rows, LightGBM in the benchmarks). ``metric_kwargs`` as :class:`ListMetrics`."""
-    return evaluate_chunks([(data, logits)], ListMetrics(**metric_kwargs))
