@@ -470,7 +470,7 @@ class HybridRanker(pl.LightningModule):
         if batch.position is not None:
             positions = gather_lists(batch.position, batch.index, batch.mask)
         metrics.update(gather_lists(z, batch.index, batch.mask),
-                       gather_lists(batch.label, batch.index, batch.mask), batch.mask,
+                       gather_lists(batch.label, batch.index, batch.mask), mask=batch.mask,
                        positions=positions,
                        fields=self.field_codes(batch.cat, batch.index, batch.mask))
 
@@ -566,7 +566,7 @@ def evaluate_chunks(pairs: Iterable[tuple[ListData, torch.Tensor]], metrics: Lis
         if field_columns:
             fields = {n: gather_lists(data.cat[:, j], index, mask) for n, j in field_columns.items()}
         metrics.update(gather_lists(logits.float(), index, mask),
-                       gather_lists(data.label, index, mask), mask, positions=positions,
+                       gather_lists(data.label, index, mask), mask=mask, positions=positions,
                        fields=fields)
     return {k: float(v) for k, v in metrics.compute().items()
             if isinstance(v, torch.Tensor) and v.numel() == 1}
