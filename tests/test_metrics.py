@@ -369,6 +369,100 @@ def test_errors_name_the_argument():
         ece(torch.tensor([0.3]), torch.tensor([0.0]), binning="width")
 
 
+# --- one argument convention: mask keyword-only, as in the losses ----------------------------------
+
+_METRIC_MODULES = ("ranking", "calibration", "list_kernels", "request_sums", "statistics", "per_request",
+                   "builders", "uncertainty", "report", "logit_histogram")
+
+
+def _public_callables():
+    """Every public function (and ``ListMetrics.update``) of the metric modules, by qualified name."""
+    import importlib
+    import inspect
+
+    out = {}
+    for name in _METRIC_MODULES:
+        mod = importlib.import_module(f"hybridrank.metrics.{name}")
+        for attr in mod.__all__:
+            obj = getattr(mod, attr)
+            if inspect.isfunction(obj) and obj.__module__ == mod.__name__:
+                out[f"{name}.{attr}"] = obj
+    out["ListMetrics.update"] = ListMetrics.update
+    return out
+
+
+def test_every_mask_parameter_is_keyword_only():
+    import inspect
+
+    with_mask = {n: f for n, f in _public_callables().items() if "mask" in inspect.signature(f).parameters}
+    # the pure functions, the kernels, the builders of padded lists and the streaming update
+    assert {"ranking.ndcg", "ranking.gauc", "ranking.auc", "calibration.ece", "list_kernels.check_lists",
+            "request_sums.ranking_sums", "builders.list_stats", "builders.field_stats",
+            "ListMetrics.update"} <= set(with_mask)
+    for name, fn in with_mask.items():
+        kind = inspect.signature(fn).parameters["mask"].kind
+        assert kind is inspect.Parameter.KEYWORD_ONLY, f"{name}: mask is {kind.description}"
+
+
+def test_a_positional_mask_is_a_type_error_not_another_argument():
+    from hybridrank.metrics.builders import calibration_stats, field_stats, list_stats, ranking_stats
+    from hybridrank.metrics.request_sums import ranking_sums
+
+    s, y, m = one([2.0, 1.0, 0.5], [1.0, 0.0, 1.0])
+    p = torch.sigmoid(s)
+    for fn, args in ((ndcg, (s, y, m)), (ndcg_per_list, (s, y, m)), (mean_average_precision, (s, y, m)),
+                     (average_precision_per_list, (s, y, m)), (mrr, (s, y, m)),
+                     (reciprocal_rank_per_list, (s, y, m)), (auc, (s, y, m)), (auc_per_list, (s, y, m)),
+                     (gauc, (s, y, m)), (log_loss, (p, y, m)), (ece, (p, y, m)), (pcoc, (p, y, m)),
+                     (ranking_sums, (s, y, m)), (list_stats, (s, y, m)), (ranking_stats, (s, y, m)),
+                     (calibration_stats, (p, y, m)), (field_stats, (p, y, m)),
+                     (ListMetrics().update, (s, y, m))):
+        with pytest.raises(TypeError, match="positional argument"):
+            fn(*args)
+    # field_stats' fields are keyword-only too: an old call (p, y, mask, fields) binds nothing silently
+    with pytest.raises(TypeError, match="positional argument"):
+        field_stats(p, y, m, {"c": torch.zeros_like(m, dtype=torch.long)})
+    # the keyword form gives the documented values
+    assert float(mrr(s, y, mask=m)) == 1.0
+    assert float(ndcg(s, y, mask=m, k=None)) == pytest.approx((1 + 1 / L2(4)) / (1 + 1 / L2(3)))
+
+
+def test_list_metrics_take_mask_by_keyword_through_torchmetrics():
+    """``forward`` and a ``MetricCollection`` pass the keyword mask through to ``update``."""
+    from torchmetrics import MetricCollection
+
+    s, y, m = one([2.0, 1.0, 0.5], [1.0, 0.0, 1.0])
+    direct = ListMetrics(ks=(2,))
+    direct.update(s, y, mask=m)
+    coll = MetricCollection({"a": ListMetrics(ks=(2,))})
+    coll.update(s, y, mask=m)
+    fwd = ListMetrics(ks=(2,))
+    fwd(s, y, mask=m)
+    want = {k: float(v) for k, v in direct.compute().items()}
+    assert want["ndcg@2"] == pytest.approx((1 + 0.0) / (1 + 1 / L2(3))) and want["n_lists"] == 1
+    assert {k: float(v) for k, v in coll.compute().items()} == want  # one metric: its own keys
+    assert {k: float(v) for k, v in fwd.compute().items()} == want
+
+
+def test_no_metric_module_imports_a_private_name():
+    """The engine's parts share only public names (``from x import _name`` across modules is a
+    hidden coupling): checked on the imports of every module of the package."""
+    import ast
+    from pathlib import Path
+
+    import hybridrank
+
+    root = Path(hybridrank.__file__).parent
+    bad = []
+    for path in sorted(root.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and node.module and (
+                    "metrics" in node.module or path.parent.name == "metrics"):
+                bad += [f"{path.relative_to(root)}:{node.lineno} {node.module}.{a.name}"
+                        for a in node.names if a.name.startswith("_") and not a.name.startswith("__")]
+    assert not bad, bad
+
+
 # --- streaming ------------------------------------------------------------------------------------
 
 
