@@ -95,7 +95,7 @@ def position_table(frames: dict[str, pl.DataFrame], n_boot: int) -> tuple[str, d
         q = np.clip(f["pctr"].to_numpy(), 1e-7, 1 - 1e-7)
         gap = -(p * np.log(q) + (1 - p) * np.log1p(-q)) - xent_bayes
         per = lambda v: np.bincount(req, v, minlength=len(lengths))  # noqa: E731
-        st = ranking_stats(gather_lists(torch.from_numpy(q), idx, mask), gains, mask, ks=10,
+        st = ranking_stats(gather_lists(torch.from_numpy(q), idx, mask), gains, mask=mask, ks=10,
                            gain="linear", include=("ndcg",))
         st = st.merge(ratio_stats(per(gap), per(np.ones_like(q)), name="logloss_gap", sizes=lengths))
         st = st.merge(ratio_stats(per(q), per(p), name="pcoc_ref", sizes=lengths))

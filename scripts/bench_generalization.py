@@ -287,7 +287,7 @@ def _ndcg10(score: np.ndarray, gain: np.ndarray, offsets: np.ndarray) -> float:
     index, mask = pad_index(torch.from_numpy(np.diff(offsets)))
     s = gather_lists(torch.from_numpy(score.astype(np.float64)), index, mask)
     g = gather_lists(torch.from_numpy(gain.astype(np.float64)), index, mask)
-    return float(ndcg(s, g, mask, k=10, gain="linear"))
+    return float(ndcg(s, g, mask=mask, k=10, gain="linear"))
 
 
 def _offsets(frame: pl.DataFrame, request: str) -> np.ndarray:

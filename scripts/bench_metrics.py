@@ -55,15 +55,15 @@ def bench(n_requests: int, repeats: int, tm_repeats: int) -> list[tuple]:
     scores, labels, mask = pad()
 
     def pure():
-        return ndcg(scores, labels, mask, k=10, gain="linear", empty="zero")
+        return ndcg(scores, labels, mask=mask, k=10, gain="linear", empty="zero")
 
     def pure_with_padding():
         s, y, m = pad()
-        return ndcg(s, y, m, k=10, gain="linear", empty="zero")
+        return ndcg(s, y, mask=m, k=10, gain="linear", empty="zero")
 
     def streaming():
         metric = ListMetrics(ks=(10,), gain="linear", empty="zero")
-        metric.update(scores, labels, mask)
+        metric.update(scores, labels, mask=mask)
         return metric.compute()["ndcg@10"]
 
     def reference():

@@ -452,7 +452,7 @@ def test_metrics_without_positive_leave_keys_out_never_nan():
     y, mask = _lists([[0.0, 0.0, 0.0], [0.0], [0.0, 0.0]])
     s = torch.randn(y.shape)
     m = ListMetrics()
-    m.update(s, y, mask)
+    m.update(s, y, mask=mask)
     out = m.compute()
     assert all(torch.isfinite(v).all() for v in out.values()), out
     for key in ("ndcg@10", "map", "mrr", "auc", "gauc", "ne", "pcoc"):
@@ -461,21 +461,21 @@ def test_metrics_without_positive_leave_keys_out_never_nan():
     assert math.isfinite(float(out["logloss"])) and math.isfinite(float(out["ece"]))
     # empty="zero" (the LETOR papers' convention) scores them 0 instead of skipping
     z = ListMetrics(empty="zero")
-    z.update(s, y, mask)
+    z.update(s, y, mask=mask)
     assert float(z.compute()["ndcg@10"]) == 0.0
     # the pure functions raise rather than return NaN
     with pytest.raises(ValueError, match="undefined"):
-        ndcg(s, y, mask)
+        ndcg(s, y, mask=mask)
     with pytest.raises(ValueError, match="AUC undefined: only one class"):
-        auc(s, y, mask)
+        auc(s, y, mask=mask)
     with pytest.raises(ValueError, match="GAUC undefined: no list has both classes"):
-        gauc(s, y, mask)
+        gauc(s, y, mask=mask)
 
 
 def test_auc_with_a_single_class_in_validation():
     y, mask = _lists([[1.0, 1.0], [1.0]])  # every impression clicked
     m = ListMetrics()
-    m.update(torch.randn(y.shape), y, mask)
+    m.update(torch.randn(y.shape), y, mask=mask)
     out = m.compute()
     assert "auc" not in out and "gauc" not in out and "ne" not in out
     assert float(out["ndcg@10"]) == pytest.approx(1.0) and math.isfinite(float(out["pcoc"]))

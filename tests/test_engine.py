@@ -188,7 +188,7 @@ def test_engine_points_equal_the_pure_functions(lists, binning, bins, empty):
         return
     codes = (s.abs() * 3).long() % 3
     pos = torch.arange(1, s.shape[1] + 1).expand_as(m)
-    pt = list_stats(s, y, m, position=pos, fields={"c": codes}, ks=(1, None), bins=bins,
+    pt = list_stats(s, y, mask=m, position=pos, fields={"c": codes}, ks=(1, None), bins=bins,
                     binning=binning, empty=empty, positions=4).point()
     p = torch.sigmoid(s.double())
 
@@ -198,12 +198,12 @@ def test_engine_points_equal_the_pure_functions(lists, binning, bins, empty):
         except ValueError:
             return None
 
-    _close(pt["ndcg@1"], pure(M.ndcg, s, y, m, k=1, empty=empty), "ndcg@1")
-    _close(pt["ndcg"], pure(M.ndcg, s, y, m, k=None, empty=empty), "ndcg")
-    _close(pt["map"], pure(M.mean_average_precision, s, y, m, empty=empty), "map")
-    _close(pt["mrr"], pure(M.mrr, s, y, m, empty=empty), "mrr")
-    _close(pt["auc"], pure(M.auc, s, y, m), "auc")
-    _close(pt["gauc"], pure(M.gauc, s, y, m), "gauc")
+    _close(pt["ndcg@1"], pure(M.ndcg, s, y, mask=m, k=1, empty=empty), "ndcg@1")
+    _close(pt["ndcg"], pure(M.ndcg, s, y, mask=m, k=None, empty=empty), "ndcg")
+    _close(pt["map"], pure(M.mean_average_precision, s, y, mask=m, empty=empty), "map")
+    _close(pt["mrr"], pure(M.mrr, s, y, mask=m, empty=empty), "mrr")
+    _close(pt["auc"], pure(M.auc, s, y, mask=m), "auc")
+    _close(pt["gauc"], pure(M.gauc, s, y, mask=m), "gauc")
     _close(pt["logloss"], pure(M.log_loss, p, y, mask=m), "logloss")
     _close(pt["ne"], pure(M.normalized_entropy, p, y, mask=m), "ne")
     _close(pt["pcoc"], pure(M.pcoc, p, y, mask=m), "pcoc")
@@ -243,7 +243,7 @@ def test_list_metrics_are_the_engine_streamed(binning):
     mask, (zz, yy, pp, cc) = _padded(z, y, lengths, position, code)
     metric = ListMetrics(binning=binning, positions=5, fields={"cat": 4})
     for idx in torch.arange(300).split(70):
-        metric.update(zz[idx], yy[idx], mask[idx], positions=pp[idx], fields={"cat": cc[idx]})
+        metric.update(zz[idx], yy[idx], mask=mask[idx], positions=pp[idx], fields={"cat": cc[idx]})
     got = {k: float(v) for k, v in metric.compute().items()}
     assert set(got) == {k for k, v in engine.items() if v is not None}
     cnt = metric.hist_count

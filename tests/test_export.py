@@ -388,7 +388,7 @@ def test_evaluate_writes_report(trained, tmp_path):
                                                           rel=1e-9)
     index, mask = pad_index(test.lengths)
     assert result["ranking"]["before"]["ndcg@10"] == pytest.approx(float(ndcg(
-        gather_lists(z, index, mask), gather_lists(test.label.double(), index, mask), mask, k=10)),
+        gather_lists(z, index, mask), gather_lists(test.label.double(), index, mask), mask=mask, k=10)),
         rel=1e-9)
 
 

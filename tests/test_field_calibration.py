@@ -80,7 +80,7 @@ def test_streaming_fields_equal_one_shot_and_the_loop(seed, n_chunks):
     m = ListMetrics(positions=4, fields={"cat": V})
     bounds = sorted(torch.randint(0, G + 1, (n_chunks - 1,), generator=g).tolist())
     for a, b in zip([0, *bounds], [*bounds, G]):
-        m.update(z[a:b], y[a:b], mask[a:b], positions=pos[a:b], fields={"cat": codes[a:b]})
+        m.update(z[a:b], y[a:b], mask=mask[a:b], positions=pos[a:b], fields={"cat": codes[a:b]})
     out = m.compute()
     p = torch.sigmoid(z.double())
     assert float(out["f_ece@cat"]) == pytest.approx(
@@ -101,11 +101,11 @@ def test_list_metrics_field_errors_say_what_and_where():
     m = ListMetrics(fields={"device": 3})
     z, y, mask = torch.zeros(1, 2), torch.tensor([[1.0, 0.0]]), torch.ones(1, 2, dtype=torch.bool)
     with pytest.raises(ValueError, match="missing \\['device'\\]"):
-        m.update(z, y, mask)
+        m.update(z, y, mask=mask)
     with pytest.raises(ValueError, match="code 3 outside 0..2"):
-        m.update(z, y, mask, fields={"device": torch.tensor([[0, 3]])})
+        m.update(z, y, mask=mask, fields={"device": torch.tensor([[0, 3]])})
     with pytest.raises(ValueError, match="int tensor of shape"):
-        m.update(z, y, mask, fields={"device": torch.tensor([[0.0, 1.0]])})
+        m.update(z, y, mask=mask, fields={"device": torch.tensor([[0.0, 1.0]])})
     with pytest.raises(ValueError, match="number of values"):
         ListMetrics(fields={"device": 0})
     with pytest.raises(ValueError, match="unknown field"):
@@ -146,7 +146,7 @@ def test_field_stats_bootstrap_matches_the_point_and_brackets_it():
     y = (torch.rand(G, L, generator=g, dtype=torch.float64) < p * 1.5).double()
     mask = torch.rand(G, L, generator=g) < 0.9
     codes = torch.randint(0, 4, (G, L), generator=g)
-    st_ = field_stats(p, y, mask, {"cat": codes})
+    st_ = field_stats(p, y, mask=mask, fields={"cat": codes})
     point = st_.point()["f_ece@cat"]
     assert point == pytest.approx(float(field_ece(p[mask], y[mask], codes[mask])), abs=1e-12)
     iv = bootstrap(st_, n_boot=300, seed=0)["f_ece@cat"]

@@ -28,7 +28,6 @@ from sklearn.metrics import log_loss as sk_log_loss
 from hybridrank.metrics.calibration import (
     bin_index,
     ece,
-    hist_parts,
     log_loss,
     normalized_entropy,
     pcoc,
@@ -36,6 +35,7 @@ from hybridrank.metrics.calibration import (
     reliability_table,
 )
 from hybridrank.metrics.list_metrics import ListMetrics
+from hybridrank.metrics.logit_histogram import hist_parts
 from hybridrank.metrics.ranking import (
     auc,
     auc_from_counts,
@@ -99,11 +99,11 @@ def test_ndcg_fixed_numbers():
     s, y, m = one([3.0, 2.0, 1.0], [0.0, 1.0, 2.0])
     dcg = 0 / L2(2) + 1 / L2(3) + 3 / L2(4)
     idcg = 3 / L2(2) + 1 / L2(3)
-    assert float(ndcg(s, y, m, k=None)) == pytest.approx(dcg / idcg)
-    assert float(ndcg(s, y, m, k=1)) == 0.0
+    assert float(ndcg(s, y, mask=m, k=None)) == pytest.approx(dcg / idcg)
+    assert float(ndcg(s, y, mask=m, k=1)) == 0.0
     lin = (1 / L2(3) + 2 / L2(4)) / (2 + 1 / L2(3))
-    assert float(ndcg(s, y, m, k=None, gain="linear")) == pytest.approx(lin)
-    many = ndcg(s, y, m, k=(1, 2, None))
+    assert float(ndcg(s, y, mask=m, k=None, gain="linear")) == pytest.approx(lin)
+    many = ndcg(s, y, mask=m, k=(1, 2, None))
     assert many.shape == (3,)
     assert float(many[1]) == pytest.approx((1 / L2(3)) / (3 + 1 / L2(3)))
 
@@ -111,27 +111,27 @@ def test_ndcg_fixed_numbers():
 def test_ndcg_tie_cutoff_inside_block():
     # items 0 and 1 tie at ranks 1-2 (gains 3 and 0), item 2 (gain 1) is third
     s, y, m = one([1.0, 1.0, 0.0], [2.0, 0.0, 1.0])
-    assert float(ndcg(s, y, m, k=1)) == pytest.approx((3 / 2) / 3)
+    assert float(ndcg(s, y, mask=m, k=1)) == pytest.approx((3 / 2) / 3)
     dcg2 = 3 / 2 * (1 + 1 / L2(3))
-    assert float(ndcg(s, y, m, k=2)) == pytest.approx(dcg2 / (3 + 1 / L2(3)))
+    assert float(ndcg(s, y, mask=m, k=2)) == pytest.approx(dcg2 / (3 + 1 / L2(3)))
     dcg3 = dcg2 + 1 / L2(4)
-    assert float(ndcg(s, y, m, k=3)) == pytest.approx(dcg3 / (3 + 1 / L2(3)))
+    assert float(ndcg(s, y, mask=m, k=3)) == pytest.approx(dcg3 / (3 + 1 / L2(3)))
 
 
 def test_map_mrr_auc_fixed_numbers():
     s, y, m = one([4.0, 3.0, 3.0, 1.0], [0.0, 1.0, 0.0, 1.0])
     # pessimistic: item 1 has rank 3 (ties with item 2), item 3 rank 4
-    assert float(mean_average_precision(s, y, m)) == pytest.approx((1 / 3 + 2 / 4) / 2)
-    assert float(mrr(s, y, m)) == pytest.approx(1 / 3)
+    assert float(mean_average_precision(s, y, mask=m)) == pytest.approx((1 / 3 + 2 / 4) / 2)
+    assert float(mrr(s, y, mask=m)) == pytest.approx(1 / 3)
     # pairs (pos, neg): (3, 4) 0, (3, 3) 1/2, (1, 4) 0, (1, 3) 0
-    assert float(auc(s, y, m)) == pytest.approx(0.5 / 4)
-    assert float(gauc(s, y, m)) == pytest.approx(0.5 / 4)
+    assert float(auc(s, y, mask=m)) == pytest.approx(0.5 / 4)
+    assert float(gauc(s, y, mask=m)) == pytest.approx(0.5 / 4)
 
 
 def test_gauc_weights_by_impressions():
     s, y, m = pad([([2.0, 1.0], [1.0, 0.0]), ([1.0, 2.0, 3.0, 0.0], [1.0, 0.0, 0.0, 0.0]),
                    ([1.0, 2.0], [1.0, 1.0])])
-    assert float(gauc(s, y, m)) == pytest.approx((2 * 1.0 + 4 * (1 / 3)) / 6)
+    assert float(gauc(s, y, mask=m)) == pytest.approx((2 * 1.0 + 4 * (1 / 3)) / 6)
 
 
 def test_calibration_fixed_numbers():
@@ -178,11 +178,11 @@ def test_ndcg_matches_sklearn_linear_gain(k):
     y = rng.integers(0, 4, size=(200, 7)) * (rng.random((200, 7)) < 0.5)
     s = rng.integers(0, 4, size=(200, 7)).astype(float)  # many ties
     m = torch.ones(200, 7, dtype=torch.bool)
-    ours = ndcg(torch.tensor(s), torch.tensor(y, dtype=torch.float64), m, k=k, gain="linear",
+    ours = ndcg(torch.tensor(s), torch.tensor(y, dtype=torch.float64), mask=m, k=k, gain="linear",
                 empty="zero")
     assert float(ours) == pytest.approx(ndcg_score(y, s, k=k), abs=1e-12)
     keep = y.sum(1) > 0
-    ours_skip = ndcg(torch.tensor(s), torch.tensor(y, dtype=torch.float64), m, k=k,
+    ours_skip = ndcg(torch.tensor(s), torch.tensor(y, dtype=torch.float64), mask=m, k=k,
                      gain="linear", empty="skip")
     assert float(ours_skip) == pytest.approx(ndcg_score(y[keep], s[keep], k=k), abs=1e-12)
 
@@ -197,7 +197,7 @@ def test_map_matches_sklearn_average_precision():
         lists.append((rng.integers(0, 3, n).astype(float).tolist(), lab.tolist()))
     s, y, m = pad(lists, extra_cols=2)
     ref = np.mean([average_precision_score(lab, sc) for sc, lab in lists])
-    assert float(mean_average_precision(s, y, m)) == pytest.approx(ref, abs=1e-12)
+    assert float(mean_average_precision(s, y, mask=m)) == pytest.approx(ref, abs=1e-12)
 
 
 def test_auc_and_log_loss_match_sklearn():
@@ -206,11 +206,11 @@ def test_auc_and_log_loss_match_sklearn():
     y = (rng.random((50, 8)) < 0.3).astype(float)
     m = rng.random((50, 8)) < 0.8
     st_, yt, mt = torch.tensor(s), torch.tensor(y), torch.tensor(m)
-    assert float(auc(st_, yt, mt)) == pytest.approx(roc_auc_score(y[m], s[m]), abs=1e-12)
+    assert float(auc(st_, yt, mask=mt)) == pytest.approx(roc_auc_score(y[m], s[m]), abs=1e-12)
     p = 1 / (1 + np.exp(-(s - 10) / 4))
     assert float(log_loss(torch.tensor(p), yt, mask=mt)) == pytest.approx(
         sk_log_loss(y[m], p[m]), abs=1e-12)
-    per, ok = auc_per_list(st_, yt, mt)
+    per, ok = auc_per_list(st_, yt, mask=mt)
     for g in range(50):
         if ok[g]:
             assert float(per[g]) == pytest.approx(roc_auc_score(y[g][m[g]], s[g][m[g]]))
@@ -223,7 +223,7 @@ def test_auc_and_log_loss_match_sklearn():
 def test_ndcg_matches_tie_enumeration(lists, empty, gain):
     s, y, m = pad(lists, extra_cols=1, extra_rows=1)
     ks = (1, 2, 3, None)
-    got = mean_or_none(ndcg, s, y, m, k=ks, gain=gain, empty=empty)
+    got = mean_or_none(ndcg, s, y, mask=m, k=ks, gain=gain, empty=empty)
     for j, k in enumerate(ks):
         ref = mean_over_lists(lambda a, b, k=k: ndcg_ref(a, b, k, gain), lists, empty)
         assert close(None if got is None else got[j], ref)
@@ -232,13 +232,13 @@ def test_ndcg_matches_tie_enumeration(lists, empty, gain):
 @given(lists_st, st.sampled_from(["skip", "zero", "one"]))
 def test_map_mrr_gauc_auc_match_loops(lists, empty):
     s, y, m = pad(lists, extra_cols=1)
-    assert close(mean_or_none(mean_average_precision, s, y, m, empty=empty),
+    assert close(mean_or_none(mean_average_precision, s, y, mask=m, empty=empty),
                  mean_over_lists(ap_ref, lists, empty))
-    assert close(mean_or_none(mrr, s, y, m, empty=empty), mean_over_lists(rr_ref, lists, empty))
-    assert close(mean_or_none(gauc, s, y, m), gauc_ref(lists))
+    assert close(mean_or_none(mrr, s, y, mask=m, empty=empty), mean_over_lists(rr_ref, lists, empty))
+    assert close(mean_or_none(gauc, s, y, mask=m), gauc_ref(lists))
     flat_s = [v for sc, _ in lists for v in sc]
     flat_y = [v for _, lab in lists for v in lab]
-    assert close(mean_or_none(auc, s, y, m), auc_ref(flat_s, flat_y) if flat_s else None)
+    assert close(mean_or_none(auc, s, y, mask=m), auc_ref(flat_s, flat_y) if flat_s else None)
 
 
 probs = st.lists(st.sampled_from([0.0, 0.01, 0.1, 0.1, 0.3, 0.5, 0.77, 0.9, 1.0]),
@@ -262,9 +262,9 @@ def test_ece_pcoc_log_loss_match_loops(p, data, bins, binning):
 
 
 def per_list_all(s, y, m, empty="skip"):
-    out = [ndcg_per_list(s, y, m, k=(1, 3, None), empty=empty)[0],
-           average_precision_per_list(s, y, m, empty=empty)[0],
-           reciprocal_rank_per_list(s, y, m, empty=empty)[0], auc_per_list(s, y, m)[0]]
+    out = [ndcg_per_list(s, y, mask=m, k=(1, 3, None), empty=empty)[0],
+           average_precision_per_list(s, y, mask=m, empty=empty)[0],
+           reciprocal_rank_per_list(s, y, mask=m, empty=empty)[0], auc_per_list(s, y, mask=m)[0]]
     return torch.cat([o.reshape(o.shape[0], -1).double() for o in out], 1)
 
 
@@ -276,9 +276,10 @@ def test_padding_changes_nothing(lists, cols, rows, garbage):
     g = len(lists)
     torch.testing.assert_close(per_list_all(*a), per_list_all(*b)[:g], rtol=0, atol=1e-12)
     for fn in (ndcg, mean_average_precision, mrr, gauc, auc):
-        assert close(mean_or_none(fn, *a), mean_or_none(fn, *b))
+        assert close(mean_or_none(fn, *a[:2], mask=a[2]), mean_or_none(fn, *b[:2], mask=b[2]))
     for empty in ("zero", "one"):
-        assert close(mean_or_none(ndcg, *a, empty=empty), mean_or_none(ndcg, *b, empty=empty))
+        assert close(mean_or_none(ndcg, *a[:2], mask=a[2], empty=empty),
+                     mean_or_none(ndcg, *b[:2], mask=b[2], empty=empty))
 
 
 @given(lists_st, st.randoms(use_true_random=False))
@@ -297,29 +298,29 @@ def test_constant_scores_do_not_depend_on_storage_order():
     first = one([0.5] * 5, labels)
     last = one([0.5] * 5, labels[::-1])
     for k in (1, 3, None):
-        a, b = ndcg(*first, k=k), ndcg(*last, k=k)
+        a, b = ndcg(*first[:2], mask=first[2], k=k), ndcg(*last[:2], mask=last[2], k=k)
         assert float(a) == pytest.approx(float(b), abs=1e-12)
     # every item sits on ranks 1..5 uniformly: DCG@1 = mean gain = (3 + 1) / 5, IDCG@1 = 3
-    assert float(ndcg(*first, k=1)) == pytest.approx(4 / 5 / 3)
-    assert float(mrr(*first)) == pytest.approx(1 / 5)
+    assert float(ndcg(*first[:2], mask=first[2], k=1)) == pytest.approx(4 / 5 / 3)
+    assert float(mrr(*first[:2], mask=first[2])) == pytest.approx(1 / 5)
 
 
 @given(lists_st)
 def test_empty_policies(lists):
     s, y, m = pad(lists, extra_rows=1)
-    vals, valid = ndcg_per_list(s, y, m, k=3, empty="skip")
+    vals, valid = ndcg_per_list(s, y, mask=m, k=3, empty="skip")
     nonempty = m.any(1)
     has_pos = ((y > 0) & m).any(1)
     assert valid.tolist() == (nonempty & has_pos).tolist()
     for empty, fill in (("zero", 0.0), ("one", 1.0)):
-        v2, ok2 = ndcg_per_list(s, y, m, k=3, empty=empty)
+        v2, ok2 = ndcg_per_list(s, y, mask=m, k=3, empty=empty)
         assert ok2.tolist() == nonempty.tolist()
         assert torch.all(v2[nonempty & ~has_pos] == fill)
         torch.testing.assert_close(v2[valid], vals[valid])
         n_all, n_empty = int(nonempty.sum()), int((nonempty & ~has_pos).sum())
         if n_all:
             want = (float(vals[valid].sum()) + fill * n_empty) / n_all
-            assert float(ndcg(s, y, m, k=3, empty=empty)) == pytest.approx(want)
+            assert float(ndcg(s, y, mask=m, k=3, empty=empty)) == pytest.approx(want)
 
 
 @given(st.integers(1, 60), st.integers(1, 20), st.integers(0, 5), st.integers(0, 5))
@@ -341,31 +342,125 @@ def test_p0_and_p1_land_in_first_and_last_bin(n, bins, zeros, ones):
 def test_errors_name_the_argument():
     s, y, m = one([1.0, 2.0], [1.0, 0.0])
     with pytest.raises(ValueError, match="scores"):
-        ndcg(torch.tensor([[float("nan"), 1.0]]), y, m)
+        ndcg(torch.tensor([[float("nan"), 1.0]]), y, mask=m)
     with pytest.raises(ValueError, match="labels"):
-        mrr(s, torch.tensor([[float("nan"), 1.0]]), m)
+        mrr(s, torch.tensor([[float("nan"), 1.0]]), mask=m)
     with pytest.raises(ValueError, match="p contains NaN"):
         ece(torch.tensor([float("nan"), 0.2]), torch.tensor([1.0, 0.0]))
     with pytest.raises(ValueError, match=r"p must lie in \[0, 1\]"):
         log_loss(torch.tensor([1.5]), torch.tensor([1.0]))
     with pytest.raises(ValueError, match="only one class"):
-        auc(s, torch.ones_like(y), m)
+        auc(s, torch.ones_like(y), mask=m)
     with pytest.raises(ValueError, match="GAUC undefined"):
-        gauc(s, torch.zeros_like(y), m)
+        gauc(s, torch.zeros_like(y), mask=m)
     with pytest.raises(ValueError, match="no positive"):
         pcoc(torch.tensor([0.3]), torch.tensor([0.0]))
     with pytest.raises(ValueError, match="single class"):
         normalized_entropy(torch.tensor([0.3]), torch.tensor([0.0]))
     with pytest.raises(ValueError, match="ndcg undefined"):
-        ndcg(s, torch.zeros_like(y), m)
-    assert float(ndcg(s, torch.zeros_like(y), m, empty="one")) == 1.0
+        ndcg(s, torch.zeros_like(y), mask=m)
+    assert float(ndcg(s, torch.zeros_like(y), mask=m, empty="one")) == 1.0
     for bad in ({"empty": "drop"}, {"gain": "log"}, {"ties": "first"}, {"k": 0}):
         with pytest.raises(ValueError):
-            ndcg(s, y, m, **bad)
+            ndcg(s, y, mask=m, **bad)
     with pytest.raises(ValueError, match="Unexpected keyword"):
         ListMetrics(bin=10)  # a typo is not swallowed
     with pytest.raises(ValueError, match="binning"):
         ece(torch.tensor([0.3]), torch.tensor([0.0]), binning="width")
+
+
+# --- one argument convention: mask keyword-only, as in the losses ----------------------------------
+
+_METRIC_MODULES = ("ranking", "calibration", "list_kernels", "request_sums", "statistics", "per_request",
+                   "builders", "uncertainty", "report", "logit_histogram")
+
+
+def _public_callables():
+    """Every public function (and ``ListMetrics.update``) of the metric modules, by qualified name."""
+    import importlib
+    import inspect
+
+    out = {}
+    for name in _METRIC_MODULES:
+        mod = importlib.import_module(f"hybridrank.metrics.{name}")
+        for attr in mod.__all__:
+            obj = getattr(mod, attr)
+            if inspect.isfunction(obj) and obj.__module__ == mod.__name__:
+                out[f"{name}.{attr}"] = obj
+    out["ListMetrics.update"] = ListMetrics.update
+    return out
+
+
+def test_every_mask_parameter_is_keyword_only():
+    import inspect
+
+    with_mask = {n: f for n, f in _public_callables().items() if "mask" in inspect.signature(f).parameters}
+    # the pure functions, the kernels, the builders of padded lists and the streaming update
+    assert {"ranking.ndcg", "ranking.gauc", "ranking.auc", "calibration.ece", "list_kernels.check_lists",
+            "request_sums.ranking_sums", "builders.list_stats", "builders.field_stats",
+            "ListMetrics.update"} <= set(with_mask)
+    for name, fn in with_mask.items():
+        kind = inspect.signature(fn).parameters["mask"].kind
+        assert kind is inspect.Parameter.KEYWORD_ONLY, f"{name}: mask is {kind.description}"
+
+
+def test_a_positional_mask_is_a_type_error_not_another_argument():
+    from hybridrank.metrics.builders import calibration_stats, field_stats, list_stats, ranking_stats
+    from hybridrank.metrics.request_sums import ranking_sums
+
+    s, y, m = one([2.0, 1.0, 0.5], [1.0, 0.0, 1.0])
+    p = torch.sigmoid(s)
+    for fn, args in ((ndcg, (s, y, m)), (ndcg_per_list, (s, y, m)), (mean_average_precision, (s, y, m)),
+                     (average_precision_per_list, (s, y, m)), (mrr, (s, y, m)),
+                     (reciprocal_rank_per_list, (s, y, m)), (auc, (s, y, m)), (auc_per_list, (s, y, m)),
+                     (gauc, (s, y, m)), (log_loss, (p, y, m)), (ece, (p, y, m)), (pcoc, (p, y, m)),
+                     (ranking_sums, (s, y, m)), (list_stats, (s, y, m)), (ranking_stats, (s, y, m)),
+                     (calibration_stats, (p, y, m)), (field_stats, (p, y, m)),
+                     (ListMetrics().update, (s, y, m))):
+        with pytest.raises(TypeError, match="positional argument"):
+            fn(*args)
+    # field_stats' fields are keyword-only too: an old call (p, y, mask, fields) binds nothing silently
+    with pytest.raises(TypeError, match="positional argument"):
+        field_stats(p, y, m, {"c": torch.zeros_like(m, dtype=torch.long)})
+    # the keyword form gives the documented values
+    assert float(mrr(s, y, mask=m)) == 1.0
+    assert float(ndcg(s, y, mask=m, k=None)) == pytest.approx((1 + 1 / L2(4)) / (1 + 1 / L2(3)))
+
+
+def test_list_metrics_take_mask_by_keyword_through_torchmetrics():
+    """``forward`` and a ``MetricCollection`` pass the keyword mask through to ``update``."""
+    from torchmetrics import MetricCollection
+
+    s, y, m = one([2.0, 1.0, 0.5], [1.0, 0.0, 1.0])
+    direct = ListMetrics(ks=(2,))
+    direct.update(s, y, mask=m)
+    coll = MetricCollection({"a": ListMetrics(ks=(2,))})
+    coll.update(s, y, mask=m)
+    fwd = ListMetrics(ks=(2,))
+    fwd(s, y, mask=m)
+    want = {k: float(v) for k, v in direct.compute().items()}
+    assert want["ndcg@2"] == pytest.approx((1 + 0.0) / (1 + 1 / L2(3))) and want["n_lists"] == 1
+    assert {k: float(v) for k, v in coll.compute().items()} == want  # one metric: its own keys
+    assert {k: float(v) for k, v in fwd.compute().items()} == want
+
+
+def test_no_metric_module_imports_a_private_name():
+    """The engine's parts share only public names (``from x import _name`` across modules is a
+    hidden coupling): checked on the imports of every module of the package."""
+    import ast
+    from pathlib import Path
+
+    import hybridrank
+
+    root = Path(hybridrank.__file__).parent
+    bad = []
+    for path in sorted(root.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and node.module and (
+                    "metrics" in node.module or path.parent.name == "metrics"):
+                bad += [f"{path.relative_to(root)}:{node.lineno} {node.module}.{a.name}"
+                        for a in node.names if a.name.startswith("_") and not a.name.startswith("__")]
+    assert not bad, bad
 
 
 # --- streaming ------------------------------------------------------------------------------------
@@ -384,9 +479,9 @@ def random_lists(seed, g=300, lmax=12, ctr=0.15, graded=True):
 
 def pure_all(z, y, m, ks=(1, 3, 5, 10), binning="quantile", bins=15, empty="skip"):
     p = torch.sigmoid(z)
-    out = {f"ndcg@{k}": v for k, v in zip(ks, ndcg(z, y, m, k=ks, empty=empty))}
-    out.update(map=mean_average_precision(z, y, m, empty=empty), mrr=mrr(z, y, m, empty=empty),
-               auc=auc(z, y, m), gauc=gauc(z, y, m), logloss=log_loss(p, y, mask=m),
+    out = {f"ndcg@{k}": v for k, v in zip(ks, ndcg(z, y, mask=m, k=ks, empty=empty))}
+    out.update(map=mean_average_precision(z, y, mask=m, empty=empty), mrr=mrr(z, y, mask=m, empty=empty),
+               auc=auc(z, y, mask=m), gauc=gauc(z, y, mask=m), logloss=log_loss(p, y, mask=m),
                ne=normalized_entropy(p, y, mask=m), pcoc=pcoc(p, y, mask=m),
                ece=ece(p, y, mask=m, bins=bins, binning=binning))
     return out
@@ -396,7 +491,7 @@ def pure_all(z, y, m, ks=(1, 3, 5, 10), binning="quantile", bins=15, empty="skip
 def test_list_metrics_equal_pure_functions(empty):
     z, y, m, pos = random_lists(0)
     metric = ListMetrics(binning="uniform", empty=empty, positions=5)
-    metric.update(z, y, m, positions=pos)
+    metric.update(z, y, mask=m, positions=pos)
     got = metric.compute()
     want = pure_all(z, y, m, binning="uniform", empty=empty)
     for key, value in want.items():
@@ -415,7 +510,7 @@ def test_list_metrics_equal_pure_functions(empty):
 def test_streaming_auc_and_quantile_ece_within_stated_bounds():
     z, y, m, _ = random_lists(1, g=2000)
     metric = ListMetrics()
-    metric.update(z, y, m)
+    metric.update(z, y, mask=m)
     got = metric.compute()
     want = pure_all(z, y, m)
     pos, cnt = metric.hist_pos, metric.hist_count
@@ -438,14 +533,14 @@ def test_streaming_auc_far_from_zero(shift, scale):
     z, _, m, _ = random_lists(1, g=2000, graded=False)
     gen = torch.Generator().manual_seed(11)
     y = (torch.rand(z.shape, generator=gen, dtype=torch.float64) < torch.sigmoid(2 * z)).double()
-    assert float(auc(z, y, m)) > 0.75  # an informative score: collapsing to 0.5 would show
+    assert float(auc(z, y, mask=m)) > 0.75  # an informative score: collapsing to 0.5 would show
     z = z * scale + shift
     metric = ListMetrics()
-    metric.update(z, y, m)
+    metric.update(z, y, mask=m)
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # a tight bound: no warning
         got = metric.compute()
-    exact = float(auc(z, y, m))
+    exact = float(auc(z, y, mask=m))
     assert abs(float(got["auc"]) - exact) <= 1e-3, (float(got["auc"]), exact)
     assert abs(float(got["auc"]) - exact) <= float(metric.auc_bound()) + 1e-12
     assert float(metric.auc_bound()) < 1e-3
@@ -463,21 +558,21 @@ def test_streaming_histogram_widens_exactly_across_updates():
     z = z.clone()
     z[300:] = z[300:] * 20 + 50  # the second half lives elsewhere
     one_shot = ListMetrics()
-    one_shot.update(z, y, m)
+    one_shot.update(z, y, mask=m)
     want = one_shot.compute()
     for order in (torch.arange(600), torch.arange(599, -1, -1)):
         streamed = ListMetrics()
         for idx in order.split(97):
-            streamed.update(z[idx], y[idx], m[idx])
+            streamed.update(z[idx], y[idx], mask=m[idx])
         torch.testing.assert_close(streamed.hist, one_shot.hist, rtol=0, atol=1e-9)
         for key, value in streamed.compute().items():
             assert float(value) == pytest.approx(float(want[key]), abs=1e-12), key
     a, b = ListMetrics(), ListMetrics()
-    a.update(z[300:], y[300:], m[300:])
-    b.update(z[:300], y[:300], m[:300])
+    a.update(z[300:], y[300:], mask=m[300:])
+    b.update(z[:300], y[:300], mask=m[:300])
     a.merge_state(b)
     torch.testing.assert_close(a.hist, one_shot.hist, rtol=0, atol=1e-9)
-    assert abs(float(want["auc"]) - float(auc(z, y, m))) <= float(one_shot.auc_bound()) + 1e-12
+    assert abs(float(want["auc"]) - float(auc(z, y, mask=m))) <= float(one_shot.auc_bound()) + 1e-12
 
 
 def test_streaming_auc_warns_when_its_bound_is_loose():
@@ -485,13 +580,13 @@ def test_streaming_auc_warns_when_its_bound_is_loose():
     z = z.clone()
     z[0, 0] = 1e6  # one absurd outlier stretches the range: every other logit shares a bin
     metric = ListMetrics()
-    metric.update(z, y, m)
+    metric.update(z, y, mask=m)
     with pytest.warns(UserWarning, match="streaming AUC is only known to within"):
         got = metric.compute()
-    assert abs(float(got["auc"]) - float(auc(z, y, m))) <= float(metric.auc_bound()) + 1e-12
+    assert abs(float(got["auc"]) - float(auc(z, y, mask=m))) <= float(metric.auc_bound()) + 1e-12
     # exact ties are no error: a constant model has bound 0 and no warning
     const = ListMetrics()
-    const.update(torch.full_like(z, 3.0), y, m)
+    const.update(torch.full_like(z, 3.0), y, mask=m)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert float(const.compute()["auc"]) == 0.5
@@ -505,7 +600,7 @@ def test_streaming_quantile_ece_exact_with_one_value_per_fine_bin():
     y = (torch.rand(60, 10, generator=gen) < torch.sigmoid(z)).double()
     m = torch.ones(60, 10, dtype=torch.bool)
     metric = ListMetrics(hist_bins=8192)
-    metric.update(z, y, m)
+    metric.update(z, y, mask=m)
     got = metric.compute()
     assert float(got["ece"]) == pytest.approx(float(ece(torch.sigmoid(z), y)), abs=1e-12)
     assert float(got["auc"]) == pytest.approx(float(auc(z, y)), abs=1e-12)
@@ -518,7 +613,7 @@ def test_streaming_quantile_ece_exact_with_one_value_per_fine_bin():
 def test_streaming_over_random_splits_equals_one_shot(seed, cuts):
     z, y, m, pos = random_lists(seed % 7)
     one_shot = ListMetrics(positions=3)
-    one_shot.update(z, y, m, positions=pos)
+    one_shot.update(z, y, mask=m, positions=pos)
     want = one_shot.compute()
     streamed = ListMetrics(positions=3)
     perm = torch.randperm(300, generator=torch.Generator().manual_seed(seed))
@@ -526,7 +621,7 @@ def test_streaming_over_random_splits_equals_one_shot(seed, cuts):
     for a, b in zip(bounds[:-1], bounds[1:]):
         idx = perm[a:b]
         width = int(m[idx].sum(1).max())  # each chunk padded to its own width
-        streamed.update(z[idx, :width], y[idx, :width], m[idx, :width], positions=pos[idx, :width])
+        streamed.update(z[idx, :width], y[idx, :width], mask=m[idx, :width], positions=pos[idx, :width])
     got = streamed.compute()
     assert got.keys() == want.keys()
     for key in want:
@@ -536,9 +631,9 @@ def test_streaming_over_random_splits_equals_one_shot(seed, cuts):
 def test_merged_states_equal_one_shot():
     z, y, m, _ = random_lists(4)
     a, b, full = ListMetrics(), ListMetrics(), ListMetrics()
-    a.update(z[:100], y[:100], m[:100])
-    b.update(z[100:], y[100:], m[100:])
-    full.update(z, y, m)
+    a.update(z[:100], y[:100], mask=m[:100])
+    b.update(z[100:], y[100:], mask=m[100:])
+    full.update(z, y, mask=m)
     a.merge_state(b)
     want = full.compute()
     for key, value in a.compute().items():
@@ -549,23 +644,23 @@ def test_streaming_undefined_values_are_absent():
     z = torch.tensor([[0.3, -1.0, 2.0]])
     m = torch.ones(1, 3, dtype=torch.bool)
     metric = ListMetrics()
-    metric.update(z, torch.zeros(1, 3), m)
+    metric.update(z, torch.zeros(1, 3), mask=m)
     got = metric.compute()
     for key in ("auc", "gauc", "ne", "pcoc", "ndcg@10", "map", "mrr"):
         assert key not in got
     assert float(got["n_skipped"]) == 1 and float(got["n_positives"]) == 0
     assert "logloss" in got and "ece" in got
     metric = ListMetrics(empty="zero")
-    metric.update(z, torch.zeros(1, 3), m)
+    metric.update(z, torch.zeros(1, 3), mask=m)
     assert float(metric.compute()["ndcg@10"]) == 0.0
 
 
 def test_float32_logits_and_reliability():
     z, y, m, _ = random_lists(5)
     metric = ListMetrics(ks=(5,))
-    metric.update(z.float(), y.float(), m)
+    metric.update(z.float(), y.float(), mask=m)
     got = metric.compute()
-    assert float(got["ndcg@5"]) == pytest.approx(float(ndcg(z, y, m, k=5)), abs=1e-5)
+    assert float(got["ndcg@5"]) == pytest.approx(float(ndcg(z, y, mask=m, k=5)), abs=1e-5)
     table = metric.reliability()
     assert float(table.count.sum()) == float(m.sum())
     assert table.count.shape == (15,)
@@ -574,9 +669,9 @@ def test_float32_logits_and_reliability():
 def test_empty_batches_and_integer_inputs():
     metric = ListMetrics()
     for shape in ((0, 4), (3, 0)):
-        metric.update(torch.zeros(shape), torch.zeros(shape), torch.zeros(shape, dtype=torch.bool))
+        metric.update(torch.zeros(shape), torch.zeros(shape), mask=torch.zeros(shape, dtype=torch.bool))
     assert set(metric.compute()) == {"n_lists", "n_empty", "n_skipped", "n_impressions",
                                      "n_positives"}
     s, y, m = one([3.0, 1.0, 2.0], [0.0, 2.0, 1.0])
-    assert float(ndcg(s.long(), y.long(), m)) == pytest.approx(float(ndcg(s, y, m)))
-    assert float(ndcg(s.float(), y.float(), m)) == pytest.approx(float(ndcg(s, y, m)))
+    assert float(ndcg(s.long(), y.long(), mask=m)) == pytest.approx(float(ndcg(s, y, mask=m)))
+    assert float(ndcg(s.float(), y.float(), mask=m)) == pytest.approx(float(ndcg(s, y, mask=m)))

@@ -428,7 +428,7 @@ def test_tower_recovers_ctr_at_position_one_and_ranks_better(tmp_path, compose_c
     gains = gather_lists(torch.from_numpy(p_ref), index, mask)
 
     def stats(scores):
-        return ranking_stats(gather_lists(torch.from_numpy(scores), index, mask), gains, mask,
+        return ranking_stats(gather_lists(torch.from_numpy(scores), index, mask), gains, mask=mask,
                              ks=10, gain="linear")
 
     diff = paired_bootstrap(stats(q_tower), stats(q_feature), n_boot=500, seed=0)["ndcg@10"]

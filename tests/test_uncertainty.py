@@ -55,12 +55,12 @@ def test_ranking_point_estimates_equal_metrics(lists, empty):
     s, y, m = lists.logits, lists.labels, lists.mask
     if not bool(m.any()):
         return
-    pt = ranking_stats(s, y, m, ks=(1, 3, None), empty=empty).point()
+    pt = ranking_stats(s, y, mask=m, ks=(1, 3, None), empty=empty).point()
     for k, name in ((1, "ndcg@1"), (3, "ndcg@3"), (None, "ndcg")):
-        _close(pt[name], _or_none(lambda k=k: M.ndcg(s, y, m, k=k, empty=empty)))
-    _close(pt["map"], _or_none(lambda: M.mean_average_precision(s, y, m, empty=empty)))
-    _close(pt["mrr"], _or_none(lambda: M.mrr(s, y, m, empty=empty)))
-    _close(pt["gauc"], _or_none(lambda: M.gauc(s, y, m)))
+        _close(pt[name], _or_none(lambda k=k: M.ndcg(s, y, mask=m, k=k, empty=empty)))
+    _close(pt["map"], _or_none(lambda: M.mean_average_precision(s, y, mask=m, empty=empty)))
+    _close(pt["mrr"], _or_none(lambda: M.mrr(s, y, mask=m, empty=empty)))
+    _close(pt["gauc"], _or_none(lambda: M.gauc(s, y, mask=m)))
 
 
 @settings(max_examples=30)
@@ -70,7 +70,7 @@ def test_calibration_point_estimates_equal_metrics(lists, binning, bins):
     p, y, m = torch.sigmoid(lists.logits / 2), lists.labels, lists.mask
     if not bool(m.any()):
         return
-    pt = calibration_stats(p, y, m, bins=bins, binning=binning).point()
+    pt = calibration_stats(p, y, mask=m, bins=bins, binning=binning).point()
     _close(pt["logloss"], _or_none(lambda: M.log_loss(p, y, mask=m)))
     _close(pt["ne"], _or_none(lambda: M.normalized_entropy(p, y, mask=m)))
     _close(pt["pcoc"], _or_none(lambda: M.pcoc(p, y, mask=m)))
@@ -81,7 +81,7 @@ def test_all_padding_rows_are_not_requests():
     s = torch.tensor([[1.0, 0.0], [0.0, 0.0], [2.0, 1.0]])
     y = torch.tensor([[1.0, 0.0], [0.0, 0.0], [0.0, 1.0]])
     m = torch.tensor([[True, True], [False, False], [True, True]])
-    st_ = ranking_stats(s, y, m, request_key=["a", "b", "c"])
+    st_ = ranking_stats(s, y, mask=m, request_key=["a", "b", "c"])
     assert st_.n_requests == 2 and st_.request_key.tolist() == ["a", "c"] and st_.n_positives == 2
 
 
@@ -100,13 +100,13 @@ def _sample(seed, r=30, ctr=0.2):
     return p_true, y * m, m, noise
 
 
-_REFS = {"ndcg@3": lambda s, y, m: M.ndcg(s, y, m, k=3), "gauc": M.gauc,
+_REFS = {"ndcg@3": lambda s, y, m: M.ndcg(s, y, mask=m, k=3), "gauc": lambda s, y, m: M.gauc(s, y, mask=m),
          "logloss": lambda s, y, m: M.log_loss(s, y, mask=m), "pcoc": lambda s, y, m: M.pcoc(s, y, mask=m)}
 
 
 def test_replicates_equal_brute_force_loop():
     p, y, m, _ = _sample(1)
-    st_ = ranking_stats(p, y, m, ks=(3,)).merge(calibration_stats(p, y, m))
+    st_ = ranking_stats(p, y, mask=m, ks=(3,)).merge(calibration_stats(p, y, mask=m))
     n_boot, seed = 40, 7
     reps = bootstrap_replicates(st_, n_boot=n_boot, seed=seed, metrics=["ndcg@3", "gauc", "logloss", "pcoc"])
     counts = np.concatenate(list(resample_counts(st_.n_requests, n_boot, seed=seed)))
@@ -136,7 +136,7 @@ def test_resample_counts_are_seeded():
 
 def test_determinism_per_seed():
     p, y, m, _ = _sample(2, r=60)
-    st_ = calibration_stats(p, y, m)
+    st_ = calibration_stats(p, y, mask=m)
     a, b = bootstrap(st_, n_boot=200, seed=5), bootstrap(st_, n_boot=200, seed=5)
     c = bootstrap(st_, n_boot=200, seed=6)
     assert a == b
@@ -166,9 +166,9 @@ def _noisy(p_true, noise, sd):
 
 def test_paired_test_detects_a_planted_difference():
     p, y, m, noise = _sample(3, r=400, ctr=0.1)
-    a = calibration_stats(p, y, m).merge(ranking_stats(p, y, m))
+    a = calibration_stats(p, y, mask=m).merge(ranking_stats(p, y, mask=m))
     worse = _noisy(p, noise, 1.0)
-    b = calibration_stats(worse, y, m).merge(ranking_stats(worse, y, m))
+    b = calibration_stats(worse, y, mask=m).merge(ranking_stats(worse, y, mask=m))
     res = paired_bootstrap(a, b, n_boot=500, seed=0)
     ll = res["logloss"]
     assert ll.diff < 0 and ll.upper < 0 and ll.p_value < 0.05 and ll.verdict == "significant at 5 %"
@@ -179,7 +179,7 @@ def test_paired_test_detects_a_planted_difference():
 
 def test_paired_replicates_share_the_resample_counts():
     p, y, m, noise = _sample(5, r=80)
-    a, b = calibration_stats(p, y, m), calibration_stats(_noisy(p, noise, 0.7), y, m)
+    a, b = calibration_stats(p, y, mask=m), calibration_stats(_noisy(p, noise, 0.7), y, mask=m)
     res = paired_bootstrap(a, b, n_boot=300, seed=11, alpha=0.1)["logloss"]
     va, _ = bootstrap_replicates(a, n_boot=300, seed=11)["logloss"]
     vb, _ = bootstrap_replicates(b, n_boot=300, seed=11)["logloss"]
@@ -192,7 +192,7 @@ def test_paired_replicates_share_the_resample_counts():
 
 def test_compare_bootstrap_equals_single_and_paired_calls():
     p, y, m, noise = _sample(6, r=60)
-    runs = {n: calibration_stats(_noisy(p, noise, sd), y, m) for n, sd in (("a", 0.0), ("b", 0.5), ("c", 1.0))}
+    runs = {n: calibration_stats(_noisy(p, noise, sd), y, mask=m) for n, sd in (("a", 0.0), ("b", 0.5), ("c", 1.0))}
     iv, pr = compare_bootstrap(runs, baseline="b", n_boot=150, seed=2, metrics=["logloss", "pcoc", "logloss"])
     assert set(pr) == {"a", "c"} and list(iv["a"]) == ["logloss", "pcoc"]
     for n in runs:
@@ -202,7 +202,7 @@ def test_compare_bootstrap_equals_single_and_paired_calls():
     with pytest.raises(ValueError, match="baseline 'z'"):
         compare_bootstrap(runs, baseline="z")
     with pytest.raises(ValueError, match="run 'short' vs baseline 'a'"):
-        compare_bootstrap({"a": runs["a"], "short": calibration_stats(p[:50], y[:50], m[:50])})
+        compare_bootstrap({"a": runs["a"], "short": calibration_stats(p[:50], y[:50], mask=m[:50])})
 
 
 def test_paired_test_holds_its_level_on_equal_quality_models():
@@ -211,8 +211,8 @@ def test_paired_test_holds_its_level_on_equal_quality_models():
     for seed in range(n_seeds):
         p, y, m, noise = _sample(10_000 + seed, r=200, ctr=0.1)
         other = torch.randn(noise.shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
-        a = calibration_stats(_noisy(p, noise, 0.5), y, m)
-        b = calibration_stats(_noisy(p, other, 0.5), y, m)
+        a = calibration_stats(_noisy(p, noise, 0.5), y, mask=m)
+        b = calibration_stats(_noisy(p, other, 0.5), y, mask=m)
         flagged += paired_bootstrap(a, b, n_boot=300, seed=seed, metrics=["logloss"])["logloss"].p_value < 0.05
     # Binomial(200, 0.05): mean 10, sd 3.1; more than 20 has probability < 0.2 %
     assert flagged <= 20, flagged
@@ -224,7 +224,7 @@ def test_paired_test_holds_its_level_on_equal_quality_models():
 def test_zero_positives_are_reported_not_nan():
     p = torch.full((5, 3), 0.1, dtype=torch.float64)
     y, m = torch.zeros(5, 3), torch.ones(5, 3, dtype=torch.bool)
-    st_ = ranking_stats(p, y, m).merge(calibration_stats(p, y, m))
+    st_ = ranking_stats(p, y, mask=m).merge(calibration_stats(p, y, mask=m))
     res = bootstrap(st_, n_boot=100)
     for name in ("ndcg@10", "gauc", "pcoc", "ne"):
         assert res[name].estimate is None and res[name].lower is None
@@ -243,7 +243,7 @@ def test_rare_positives_give_no_interval():
     y = torch.zeros(40, 2)
     y[0, 0] = 1.0
     m = torch.ones(40, 2, dtype=torch.bool)
-    iv = bootstrap(ranking_stats(p, y, m), n_boot=200, seed=0)["ndcg@10"]
+    iv = bootstrap(ranking_stats(p, y, mask=m), n_boot=200, seed=0)["ndcg@10"]
     assert iv.estimate is not None and iv.lower is None and iv.upper is None
     assert iv.note.startswith("no interval:") and iv.n_undefined > 5
     assert format_interval(iv).endswith("[no interval]")
@@ -251,20 +251,20 @@ def test_rare_positives_give_no_interval():
 
 def test_mismatched_requests_say_what_differs():
     p, y, m, _ = _sample(4, r=20)
-    a = calibration_stats(p, y, m, request_key=np.arange(20))
+    a = calibration_stats(p, y, mask=m, request_key=np.arange(20))
     with pytest.raises(ValueError, match="20 vs 19 requests"):
-        paired_bootstrap(a, calibration_stats(p[:19], y[:19], m[:19]))
+        paired_bootstrap(a, calibration_stats(p[:19], y[:19], mask=m[:19]))
     with pytest.raises(ValueError, match=r"request ids differ at 1 request\(s\), first at index 3"):
-        check_same_requests(a, calibration_stats(p, y, m, request_key=np.r_[0:3, 99, 4:20]))
+        check_same_requests(a, calibration_stats(p, y, mask=m, request_key=np.r_[0:3, 99, 4:20]))
     i = int(np.flatnonzero(m.sum(1).numpy() >= 2)[0])
     m2 = m.clone()
     m2[i, 0] = False
     with pytest.raises(ValueError, match=f"impressions per request differ.*index {i}"):
-        check_same_requests(a, calibration_stats(p, y, m2))
+        check_same_requests(a, calibration_stats(p, y, mask=m2))
     y2 = y.clone()
     y2[6, 0] = 1 - y2[6, 0]
     with pytest.raises(ValueError, match="positive labels per request differ.*index 6"):
-        check_same_requests(a, calibration_stats(p, y2, m))
+        check_same_requests(a, calibration_stats(p, y2, mask=m))
     with pytest.raises(ValueError, match="unknown metric"):
         bootstrap(a, metrics=["ndcg@5"])
     with pytest.raises(ValueError, match="both statistics define"):
@@ -280,7 +280,7 @@ def test_bad_arguments():
     with pytest.raises(ValueError, match="NaN or infinite"):
         ratio_stats(np.array([1.0, np.nan]), np.ones(2))
     with pytest.raises(ValueError, match="p contains NaN"):
-        calibration_stats(torch.tensor([[np.nan]]), torch.zeros(1, 1), torch.ones(1, 1, dtype=torch.bool))
+        calibration_stats(torch.tensor([[np.nan]]), torch.zeros(1, 1), mask=torch.ones(1, 1, dtype=torch.bool))
     with pytest.raises(ValueError, match="separate runs"):
         request_offsets(np.array(["a", "b", "a"]))
     with pytest.raises(ValueError, match="shape"):

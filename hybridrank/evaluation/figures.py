@@ -321,7 +321,7 @@ def evaluate_chunks(pairs: Iterable[tuple[ListData, Tensor]], metrics: ListMetri
         if field_columns:
             fields = {n: gather_lists(data.cat[:, j], index, mask) for n, j in field_columns.items()}
         metrics.update(gather_lists(logits.float(), index, mask),
-                       gather_lists(data.label, index, mask), mask, positions=positions,
+                       gather_lists(data.label, index, mask), mask=mask, positions=positions,
                        fields=fields)
     return {k: float(v) for k, v in metrics.compute().items()
             if isinstance(v, torch.Tensor) and v.numel() == 1}

@@ -1,9 +1,18 @@
 """``ListMetrics``: the streaming (torchmetrics) shell of the metric engine.
 
-Every batch goes through the per-request kernel of :mod:`hybridrank.metrics.request_stats` with all
+Every batch goes through the per-request kernels of :mod:`hybridrank.metrics.request_sums` with all
 requests in one group: the states are the totals of the per-request columns (one packed float64
-sum, ``dist_reduce_fx="sum"``) plus one exactly mergeable logit histogram, so DDP sync is exact and
-memory does not grow with the data; ``compute`` applies the engine's statistics to those totals.
+sum, ``dist_reduce_fx="sum"``) plus one exactly mergeable logit histogram
+(:mod:`hybridrank.metrics.logit_histogram`), so DDP sync is exact and memory does not grow with the
+data; ``compute`` applies the engine's statistics (:mod:`hybridrank.metrics.statistics`) to those
+totals.
+
+Arguments: ``update(logits, labels, *, mask, positions=None, fields=None)`` takes ``mask`` by
+keyword, like the pure metric functions and the losses. torchmetrics fixes no positional order
+beyond its own metrics' ``(preds, target)``: ``Metric.forward`` and ``update`` pass keyword
+arguments through, and a ``MetricCollection`` routes them by the names of the ``update``
+signature. So the one convention of the package costs nothing here, and a positional mask fails
+with a ``TypeError`` instead of being read as something else.
 """
 
 from __future__ import annotations
@@ -18,24 +27,22 @@ from torchmetrics import Metric
 from hybridrank.metrics.calibration import (
     PositionCalibration,
     ReliabilityTable,
-    _check_binning,
     bin_index,
+    check_binning,
     field_table_from_sums,
+    table_from_sums,
+)
+from hybridrank.metrics.list_kernels import K, check_options, resolve_ks
+from hybridrank.metrics.logit_histogram import (
     hist_empty,
     hist_merge,
     hist_of,
     hist_parts,
     hist_reduce,
     quantile_sums_from_hist,
-    table_from_sums,
 )
-from hybridrank.metrics.ranking import K, _check_options, _resolve_ks
-from hybridrank.metrics.request_stats import (
-    RANKING,
-    impression_sums,
-    metric_statistics,
-    ranking_sums,
-)
+from hybridrank.metrics.request_sums import impression_sums, ranking_sums
+from hybridrank.metrics.statistics import RANKING, metric_statistics
 
 __all__ = ["ListMetrics"]
 
@@ -44,15 +51,15 @@ class ListMetrics(Metric):
     """Streaming ranking + calibration metrics over whole lists, with sum states only.
 
     The states are the totals of the per-request columns of
-    :mod:`hybridrank.metrics.request_stats` (one packed float64 sum with ``dist_reduce_fx="sum"``)
+    :mod:`hybridrank.metrics.request_sums` (one packed float64 sum with ``dist_reduce_fx="sum"``)
     and a fine logit histogram, whose exact merge is its own reduction, so DDP sync is exact and
     memory is flat in the data size; ``compute`` applies the engine's statistics (the same formulas
-    as the pure functions and :class:`~hybridrank.metrics.request_stats.RequestStats`). Each
+    as the pure functions and :class:`~hybridrank.metrics.per_request.RequestStats`). Each
     ``update`` must receive whole lists. ``ndcg@k``, ``map``, ``mrr``, ``gauc``, ``logloss``,
     ``ne``, ``pcoc``, ``ctr``, uniform-bin ``ece``, ``pcoc@pos{i}`` and the F-ECEs equal the pure
     functions up to float rounding. This is the training-time (validation) path: the final figures
     of a run (``hybridrank-train``'s table and ``metrics.json``, ``hybridrank-eval``) come from
-    :class:`~hybridrank.metrics.request_stats.RequestStats` of the whole split, exact for every
+    :class:`~hybridrank.metrics.per_request.RequestStats` of the whole split, exact for every
     metric. Global ``auc`` and quantile-bin ``ece`` come from an adaptive histogram of
     ``hist_bins`` equal-width logit bins (count, sum p, positives per bin) whose width is the
     smallest power of two at which every logit seen so far fits (bins re-merge exactly when later
@@ -79,7 +86,7 @@ class ListMetrics(Metric):
             (:meth:`field_table`). Sums of ``n_values`` floats each: keep it to fields of modest
             cardinality.
 
-    ``update(logits [G, L], labels [G, L], mask [G, L], positions=None, fields=None)``:
+    ``update(logits [G, L], labels [G, L], *, mask [G, L], positions=None, fields=None)``:
     ``p = sigmoid(logits)``; ``fields`` maps every configured field to its ``[G, L]`` codes.
 
     ``compute()`` returns float64 scalars: ``ndcg@k`` per k, ``map``, ``mrr``, ``auc``, ``gauc``,
@@ -91,7 +98,7 @@ class ListMetrics(Metric):
     positive, means over zero lists) is absent from the dict rather than NaN.
 
     >>> m = ListMetrics(ks=(1,))
-    >>> m.update(torch.tensor([[2.0, 0.0]]), torch.tensor([[1.0, 0.0]]), torch.ones(1, 2) > 0)
+    >>> m.update(torch.tensor([[2.0, 0.0]]), torch.tensor([[1.0, 0.0]]), mask=torch.ones(1, 2) > 0)
     >>> out = m.compute(); float(out["ndcg@1"]), float(out["auc"]), int(out["n_lists"])
     (1.0, 1.0, 1)
     """
@@ -108,9 +115,9 @@ class ListMetrics(Metric):
         **kwargs,  # torchmetrics.Metric options (sync_on_compute, ...); it rejects unknown keys
     ) -> None:
         super().__init__(**kwargs)
-        self.ks, _ = _resolve_ks(tuple(ks))
-        _check_options(empty=empty, gain=gain, ties=ties)
-        _check_binning(bins, binning)
+        self.ks, _ = resolve_ks(tuple(ks))
+        check_options(empty=empty, gain=gain, ties=ties)
+        check_binning(bins, binning)
         self.gain, self.empty, self.ties, self.bins, self.binning = gain, empty, ties, bins, binning
         self.n_positions = 10 if positions is True else int(positions)
         if not isinstance(hist_bins, int) or hist_bins < 2:
@@ -128,18 +135,19 @@ class ListMetrics(Metric):
         # the layout of the packed sums: the kernel's columns on an empty batch
         z = torch.zeros(0, 0)
         none = torch.zeros(0, dtype=torch.float64)
-        empty_sums = self._sums(z, z, z > 0, torch.zeros(0, dtype=torch.long), none, none, {})
+        empty_sums = self._sums(z, z, mask=z > 0, position=torch.zeros(0, dtype=torch.long), p=none, y=none,
+                                codes={})
         self._layout = {name: tuple(c.shape[1:]) for name, c in empty_sums.items()}
         size = sum(c.numel() for c in empty_sums.values())
         self.add_state("sums", torch.zeros(size, dtype=torch.float64), dist_reduce_fx="sum")
         self.add_state("hist", hist_empty(hist_bins), dist_reduce_fx=hist_reduce)
 
-    def _sums(self, logits: Tensor, labels: Tensor, mask: Tensor, position: Tensor | None,
+    def _sums(self, logits: Tensor, labels: Tensor, *, mask: Tensor, position: Tensor | None,
               p: Tensor, y: Tensor, codes: Mapping[str, Tensor]) -> dict[str, Tensor]:
         """The column totals of a batch: the engine's kernel, every list in group 0 (``p``, ``y``:
         the probabilities and binary labels of the real impressions, ``[n]``)."""
         group = torch.zeros(mask.shape[0], dtype=torch.long, device=mask.device)
-        out = ranking_sums(logits, labels, mask, ks=self.ks, gain=self.gain, empty=self.empty,
+        out = ranking_sums(logits, labels, mask=mask, ks=self.ks, gain=self.gain, empty=self.empty,
                            ties=self.ties, include=RANKING, group=group, n_groups=1)
         row = torch.zeros(y.numel(), dtype=torch.long, device=mask.device)
         if position is None:  # position 0 counts nowhere: the columns keep their layout
@@ -151,7 +159,7 @@ class ListMetrics(Metric):
             fields={n: (codes.get(n, row), size) for n, size in self.fields.items()}, dense=True))
         return out
 
-    def update(self, logits: Tensor, labels: Tensor, mask: Tensor,
+    def update(self, logits: Tensor, labels: Tensor, *, mask: Tensor,
                positions: Tensor | None = None, fields: Mapping[str, Tensor] | None = None) -> None:
         """Add whole lists: ``logits``, ``labels``, ``mask``, int ``positions``, all ``[G, L]``,
         and ``fields``, ``{name: [G, L] int codes}`` for every configured field."""
@@ -164,7 +172,7 @@ class ListMetrics(Metric):
         codes = self._field_codes(fields, mask)
         z = logits[mask].double()
         p, y = torch.sigmoid(z), (labels[mask] > 0).double()
-        sums = self._sums(logits, labels, mask, position, p, y, codes)
+        sums = self._sums(logits, labels, mask=mask, position=position, p=p, y=y, codes=codes)
         self.sums += torch.cat([c.reshape(-1) for c in sums.values()])
         self.hist = hist_merge(self.hist, hist_of(z, p, y, self.hist_bins))
 
@@ -193,7 +201,7 @@ class ListMetrics(Metric):
     def totals(self) -> dict[str, Tensor]:
         """The column totals seen so far, each with a leading replicate dimension of 1, plus the
         histogram's: ``auc:pos`` / ``auc:neg`` per fine logit bin and, for quantile bins,
-        ``ece:n|p|y`` (:func:`~hybridrank.metrics.calibration.quantile_sums_from_hist`)."""
+        ``ece:n|p|y`` (:func:`~hybridrank.metrics.logit_histogram.quantile_sums_from_hist`)."""
         out, j = {}, 0
         for name, shape in self._layout.items():
             m = 1 if not shape else shape[0]

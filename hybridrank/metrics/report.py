@@ -23,8 +23,9 @@ from typing import Any
 import torch
 
 from hybridrank.atomic import atomic_path, write_json
+from hybridrank.metrics.builders import flat_stats
 from hybridrank.metrics.calibration import PositionCalibration, pcoc_interval
-from hybridrank.metrics.request_stats import RequestStats, flat_stats
+from hybridrank.metrics.per_request import RequestStats
 
 __all__ = ["calibration_summary", "stats_summary", "plot_reliability", "plot_pcoc_by_position",
            "plot_field_calibration", "write_report"]
@@ -56,7 +57,7 @@ def stats_summary(stats: RequestStats, *, field_labels: Mapping[str, Any] | None
     figures and its bootstrap intervals rest on the same statistics.
 
     Args:
-        stats: with calibration columns (:func:`~hybridrank.metrics.request_stats.flat_stats`);
+        stats: with calibration columns (:func:`~hybridrank.metrics.builders.flat_stats`);
             positions and fields give the per-value tables.
         field_labels: ``{name: callable code -> str}`` naming the codes in the output.
         alpha: per-value PCOC intervals are exact ``1 - alpha`` Poisson intervals on the clicks

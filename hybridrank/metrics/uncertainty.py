@@ -3,11 +3,11 @@
 The resampling unit is the **request**: impressions of one request share a user, a context and a
 slate, so they are not independent and resampling impressions would give intervals that are too
 narrow. Every metric is a formula over sums of per-request statistics
-(:class:`~hybridrank.metrics.request_stats.RequestStats`, computed once; the point estimate is the
+(:class:`~hybridrank.metrics.per_request.RequestStats`, computed once; the point estimate is the
 formula on the plain sums): a replicate draws resample counts ``c [R]`` (how often each request is
 drawn), and the totals ``c @ X`` of a whole block of replicates come from **one matrix product**;
 the metric formulas are vectorised over replicates. Quantile ECE keeps the full sample's bins in
-every replicate (the definition is in :mod:`hybridrank.metrics.request_stats`).
+every replicate (the definition is in :mod:`hybridrank.metrics.builders`).
 
 A replicate where a metric is undefined (no valid list, no positive, a single class) is left out;
 if more than ``alpha / 2`` of the replicates are undefined the interval is reported as not
@@ -29,17 +29,15 @@ from typing import Any
 import numpy as np
 import torch
 
-from hybridrank.metrics.request_stats import (
-    RequestStats,
-    Statistic,
+from hybridrank.metrics.builders import (
     calibration_stats,
-    check_same_requests,
     frame_stats,
     ranking_stats,
-    ratio,
     ratio_stats,
     request_offsets,
 )
+from hybridrank.metrics.per_request import RequestStats, check_same_requests
+from hybridrank.metrics.statistics import Statistic, ratio
 
 __all__ = [
     "Statistic", "RequestStats", "Interval", "PairedResult", "ratio", "ratio_stats",
@@ -335,7 +333,7 @@ def interval_table(stats: Mapping[str, RequestStats], *, metrics: Sequence[str],
     every row is resampled with the same request counts (:func:`compare_bootstrap`).
 
     Args:
-        stats: row name -> statistics (e.g. :func:`~hybridrank.metrics.request_stats.split_stats`);
+        stats: row name -> statistics (e.g. :func:`~hybridrank.metrics.builders.split_stats`);
             baseline: the row the others are compared with (default the first); metrics: which to
             report (those the first row has).
 

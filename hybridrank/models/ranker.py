@@ -464,7 +464,7 @@ class HybridRanker(pl.LightningModule):
         if batch.position is not None:
             positions = gather_lists(batch.position, batch.index, batch.mask)
         metrics.update(gather_lists(z, batch.index, batch.mask),
-                       gather_lists(batch.label, batch.index, batch.mask), batch.mask,
+                       gather_lists(batch.label, batch.index, batch.mask), mask=batch.mask,
                        positions=positions,
                        fields=self.field_codes(batch.cat, batch.index, batch.mask))
 
