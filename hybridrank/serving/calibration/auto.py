@@ -148,8 +148,11 @@ class AutoCalibrator(Calibrator):
             if refusal is not None:
                 results[name] = {"refused": refusal}
                 continue
-            oof, failed = cross_fit(cls, z, y, w, folds)                                # rules 1, 3
-            results[name] = failed or significance(base, log_loss_rows(oof, y), w, folds, self.z)  # 2
+            oof, failed = cross_fit(cls, z, y, w, folds)                          # rules 1 and 3
+            if failed is not None:
+                results[name] = failed
+                continue
+            results[name] = significance(base, log_loss_rows(oof, y), w, folds, self.z)  # rule 2
         best = best_candidate(results)
         stability = stability_check(z, y, w, folds, shift) if folds.forward else None       # rule 4
         best = _overrule(results, best, stability_overrule(stability))
