@@ -17,6 +17,7 @@ from hybridrank.serving.level_trend import (
     LevelTrend,
     block_gaps,
     fit_level_trend,
+    level_stability,
     weighted_line,
 )
 
@@ -94,6 +95,52 @@ def test_weighted_line_matches_numpy_least_squares(k, seed):
 def test_weighted_line_needs_two_times():
     with pytest.raises(ValueError, match="two distinct times"):
         weighted_line(np.ones(3), np.arange(3.0), np.ones(3))
+
+
+# --- level_stability: the gaps over a calibration split's time blocks (auto's rule 4) ----------
+def test_level_stability_trend_is_the_weighted_slope_of_the_gap_and_flags_a_drifting_level():
+    """``level_stability``'s trend: the inverse-variance weighted slope of the per-block gap on
+    the block's order (numpy's weighted least squares as the reference, on the gaps and variances
+    the function reports), with ``1 / sqrt(Σ w (t - t̄)²)`` as its standard error. A click level
+    rising 0.1 logit per block is flagged TRENDING; a level that rises and falls back (MOVING
+    for Cochran's Q) is not, and a constant one neither."""
+    rng = np.random.default_rng(3)
+    n_blocks, per = 6, 20_000
+    block = torch.arange(n_blocks * per) // per
+    z = torch.full((n_blocks * per,), -3.0, dtype=torch.float64)
+    for drift, trending in (([0.1 * k for k in range(n_blocks)], True),
+                            ([0.0, 0.2, 0.3, 0.3, 0.2, 0.0], False),
+                            ([0.0] * n_blocks, False)):
+        true = z + torch.tensor(drift, dtype=torch.float64)[block]
+        y = torch.from_numpy((rng.random(len(z)) < torch.sigmoid(true).numpy()).astype(np.float64))
+        st = level_stability(z, y, torch.ones_like(z), block, n_blocks)
+        g = np.array(st["gaps"])
+        p = torch.sigmoid(z).numpy()
+        yk = np.array([float(y[block == k].sum()) for k in range(n_blocks)])
+        q = (yk + 0.5) / (per + 1)                 # equal logits: the gap's rate, half a count added
+        var = 1 / (per * q * (1 - q))
+        slope = np.polyfit(np.arange(n_blocks), g, 1, w=1 / np.sqrt(var))[0]
+        assert st["trend"] == pytest.approx(slope, abs=1e-3)   # gaps are rounded to 1e-4
+        t = np.arange(n_blocks) - np.sum(np.arange(n_blocks) / var) / np.sum(1 / var)
+        assert st["trend_se"] == pytest.approx(1 / math.sqrt(np.sum(t * t / var)))
+        assert st["trending"] is trending, st
+        assert float(p[0]) == pytest.approx(float(torch.sigmoid(torch.tensor(-3.0))))
+        if drift[2] == 0.3:
+            assert st["stable"] is False     # Q sees the hump; the trend test does not
+    assert abs(level_stability(z, y, torch.ones_like(z), block, n_blocks)["trend"]) < 0.03
+
+
+def test_level_stability_measures_time_by_the_blocks_that_hold_data():
+    """An empty time block is skipped by the gaps, not by the clock: a level rising 0.1 logit per
+    block, with block 3 of 7 empty, still reads about 0.1 per block."""
+    rng = np.random.default_rng(5)
+    per = 40_000
+    block = torch.tensor([0, 1, 2, 4, 5, 6]).repeat_interleave(per)
+    z = torch.full((len(block),), -3.0, dtype=torch.float64)
+    y = torch.from_numpy((rng.random(len(z)) < torch.sigmoid(z + 0.1 * block).numpy()).astype(np.float64))
+    st = level_stability(z, y, torch.ones_like(z), block, 7)
+    assert st["blocks"] == 6
+    assert st["trend"] == pytest.approx(0.1, abs=0.02), st   # by position 0..5 it would read ~0.12
 
 
 # --- decisions on logs with a known level -----------------------------------------------------

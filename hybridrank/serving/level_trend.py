@@ -40,6 +40,10 @@ level at the end of the log.
 Every number of the decision is in :meth:`LevelTrend.to_dict` (export metadata) and
 :meth:`LevelTrend.describe` (one console line).
 
+The same gaps over the time blocks of a calibration split give :func:`level_stability`, the test
+``calibrator=auto`` reads before carrying a fitted map into another period
+(:mod:`hybridrank.serving.calibration.rules`).
+
 >>> g = torch.Generator().manual_seed(0)
 >>> t = torch.arange(40_000, dtype=torch.float64) * 60.0          # 40,000 minutes: ~28 days
 >>> drift = 0.4 * (t / t.max() - 0.5)                              # +0.4 logit over the log
@@ -61,7 +65,7 @@ import torch
 from torch import Tensor
 
 __all__ = ["LevelTrend", "fit_level_trend", "model_level_trend", "block_gaps", "weighted_line",
-           "DAY_SECONDS"]
+           "level_stability", "DAY_SECONDS"]
 
 DAY_SECONDS = 86_400.0
 
@@ -145,6 +149,50 @@ def weighted_line(t: np.ndarray, g: np.ndarray, v: np.ndarray) -> dict[str, floa
             "slope_p": float(chi2.sf((slope / se) ** 2, 1)), "q": q,
             "q_p": float(chi2.sf(q, k - 1)) if k > 1 else 1.0, "resid_q": resid_q,
             "resid_p": float(chi2.sf(resid_q, k - 2)) if k > 2 else 1.0}
+
+
+def level_stability(logits: Tensor, clicks: Tensor, weights: Tensor, block: Tensor,
+                    n_blocks: int, alpha: float = 0.05) -> dict[str, Any]:
+    """Is the model's miscalibration the same over time? Cochran's Q over time blocks.
+
+    Per block ``k`` the level gap ``g_k``, the logit shift that matches the block's observed
+    clicks, with its variance ``var_k`` (:func:`block_gaps`); ``Q = Σ (g_k - ḡ)² / var_k`` (``ḡ``
+    the inverse-variance mean) is ``χ²(K - 1)`` when the gap is constant. A small p-value says the
+    gap moves with time: a map fitted on this split would carry one period's gap into another.
+    With three blocks or more, its one-degree-of-freedom part along time is reported too:
+    ``trend`` (the inverse-variance weighted slope of the gap on the block's order, logit per
+    block), ``trend_se``, ``trend_p`` (``χ²(1)``) and ``trending`` (``trend_p < alpha``). It is
+    reported, it decides nothing: a level that drifts one way is what a time-blind model's pCTR
+    misses after the log ends.
+
+    Args:
+        logits, clicks, weights: ``[N]`` the model's click logits, 0/1 labels, row weights.
+        block: ``[N]`` each row's time block, ``0 <= block < n_blocks``.
+        n_blocks: the number of blocks (an empty one is skipped, not counted).
+        alpha: the level of both tests.
+
+    Returns:
+        ``{"stable": None, "blocks": K}`` with fewer than two non-empty blocks; else ``stable``
+        (``p_value >= alpha``), ``q``, ``p_value``, the ``gaps`` (rounded to 1e-4) and ``blocks``,
+        plus the trend's four keys from three blocks on.
+
+    >>> z = torch.zeros(4000); y = (torch.arange(4000) % 10 == 0).double()
+    >>> level_stability(z - 2.2, y, torch.ones(4000), torch.arange(4000) // 1000, 4)["stable"]
+    True
+    """
+    seen, g, v = block_gaps(logits, clicks, weights, block, n_blocks)
+    if len(g) < 2:
+        return {"stable": None, "blocks": len(g)}
+    # the blocks' own order (an empty one is skipped); with three blocks or more, the slope of
+    # the gap along it is the one-degree-of-freedom part of Q that a one-way drift concentrates in
+    line = weighted_line(seen.astype(np.float64), g, v)
+    q, pval = line["q"], line["q_p"]
+    out = {"stable": pval >= alpha, "q": q, "p_value": pval, "gaps": [round(float(x), 4) for x in g],
+           "blocks": len(g)}
+    if len(g) >= 3:
+        out.update(trend=line["slope"], trend_se=line["slope_se"], trend_p=line["slope_p"],
+                   trending=line["slope_p"] < alpha)
+    return out
 
 
 def _wls(x: np.ndarray, g: np.ndarray, v: np.ndarray) -> tuple[np.ndarray, float, int, np.ndarray]:
