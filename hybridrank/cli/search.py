@@ -232,19 +232,22 @@ def _read_trial(folder: Path, metric: str | None) -> dict[str, Any]:
 
 
 def summarize_sweep(sweep_dir: str | Path, *, optimized_metric: str | None = None,
-                    direction: str | None = None, write: bool = True) -> dict[str, Any]:
+                    direction: str | None = None, keys: Sequence[str] = (),
+                    write: bool = True) -> dict[str, Any]:
     """The summary of a sweep folder: every trial's settings, validation value and test figures,
     and the best trial by validation value.
 
     Trials are the sub-folders with hydra's ``.hydra/`` record; each one's ``metrics.json`` gives
     its value (``optimized_metric``) and test figures; one without it (failed, interrupted) is
     listed without a value. A trial's ``params`` are the overrides of the search keys
-    (``hydra.sweeper.params``) and any override whose value differs between trials.
+    (``keys``, ``hydra.sweeper.params``, the keys of Optuna's ``optimization_results.yaml``) and
+    any override whose value differs between trials.
 
     Args:
         sweep_dir: the sweep folder (``multirun/train/<date>/<time>``).
         optimized_metric, direction: default: the trials' ``optimized_metric`` and the sweeper's
             direction (else the metric's own: :func:`metric_direction`).
+        keys: the search keys (:func:`search_keys`), where known.
         write: write ``search_summary.json`` into the folder.
 
     Returns:
@@ -276,8 +279,12 @@ def summarize_sweep(sweep_dir: str | Path, *, optimized_metric: str | None = Non
     for g in given:
         for key, value in g.items():
             values.setdefault(key, set()).add(value)
-    varied = list(space) + [k for k, v in values.items() if k not in space
-                            and (len(v) > 1 or any(k not in g for g in given))]
+    searched = list(dict.fromkeys([*keys, *space]))
+    results = sweep_dir / "optimization_results.yaml"  # Optuna's: every searched key
+    if results.is_file():
+        searched += [str(k) for k in OmegaConf.load(results).get("best_params") or {} if k not in searched]
+    varied = searched + [k for k, v in values.items() if k not in searched
+                         and (len(v) > 1 or any(k not in g for g in given))]
     for t, g in zip(trials, given):
         t["params"] = {k: _number(g[k]) for k in varied if k in g}
     scored = [t for t in trials if _finite(t.get("value"))]
@@ -426,7 +433,8 @@ class SweepReport(Callback):
             return
         direction = _sweeper_direction(config.hydra.sweeper)
         summary = summarize_sweep(sweep_dir, optimized_metric=config.get("optimized_metric"),
-                                  direction=direction[0] if isinstance(direction, list) else direction)
+                                  direction=direction[0] if isinstance(direction, list) else direction,
+                                  keys=self.keys)
         print("\n" + format_summary(summary), flush=True)
 
 
