@@ -269,3 +269,32 @@ def test_two_trial_search_end_to_end(run_cli, tmp_path):
     assert optuna_best == pytest.approx(val[best])
     assert f"best trial: {best} " in out
     assert f"logloss {runs[best]['test']['test/logloss']:.4f}" in out.split("best trial:")[1]
+
+
+def test_progress_line_and_a_nan_trial(capsys):
+    """One line per trial (its number, settings, value, the best so far); a trial whose value is
+    NaN is never the best, and the sampler is told the worst value (Optuna 2.10 would end the
+    whole search on a NaN)."""
+    from hydra.core.utils import JobReturn, JobStatus
+    from hydra.types import RunMode
+
+    from hybridrank.cli.search import SweepReport
+
+    report = SweepReport()
+    report.keys, report.direction = ["model.optimizer.lr"], "minimize"
+    returned = {}
+    for num, value in enumerate([0.13, float("nan"), 0.12, 0.125]):
+        config = OmegaConf.create({"optimized_metric": "val/logloss", "task_name": "train", "hydra": {
+            "mode": RunMode.MULTIRUN, "job": {"num": num},
+            "sweeper": {"direction": "minimize", "n_trials": 4}}})
+        ret = JobReturn(overrides=[f"model.optimizer.lr=0.00{num + 1}", "debug=fast"],
+                        status=JobStatus.COMPLETED)
+        ret.return_value = value
+        report.on_job_end(config, ret)
+        returned[num] = ret.return_value
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "[trial 0 of 4] model.optimizer.lr=0.001 | val/logloss 0.13 | best so far: trial 0 (0.13)"
+    assert lines[1].startswith("[trial 1 of 4] model.optimizer.lr=0.002 | val/logloss nan") and \
+        lines[1].endswith("best so far: trial 0 (0.13)")
+    assert lines[2].endswith("best so far: trial 2 (0.12)") and lines[3].endswith("best so far: trial 2 (0.12)")
+    assert returned[1] == math.inf and returned[2] == 0.12

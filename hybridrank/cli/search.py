@@ -418,6 +418,12 @@ class SweepReport(Callback):
                 shown = f"{metric} {value:.6g}"
             else:
                 shown = f"{metric} {value} (not a finite number: never the best)"
+                if (isinstance(value, float) and math.isnan(value) and "direction" in config.hydra.sweeper
+                        and self.direction in ("minimize", "maximize")):
+                    # Optuna 2.10 refuses a NaN and then fails the whole search on it: the sampler
+                    # is told the worst value instead
+                    job_return.return_value = math.inf if self.direction == "minimize" else -math.inf
+                    shown += "; the sampler is told the worst value"
         else:
             shown = f"failed: {str(job_return._return_value).splitlines()[0][:200]}"
         best = f" | best so far: trial {self.best[0]} ({self.best[1]:.6g})" if self.best else ""
