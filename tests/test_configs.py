@@ -24,10 +24,10 @@ from hybridrank.serving.calibration import Calibrator
 CONF = Path(__file__).resolve().parents[1] / "conf"
 SMALL = ["data.source.n_users=60"]
 REAL = {"letor_mq2008", "mslr", "open_bandit"}
-#: group -> how it is checked below
+#: group -> how it is checked below (hparams_search: every option in tests/test_search.py)
 GROUPS = {"data", "batching", "model", "loss", "optimizer", "scheduler", "metrics", "trainer",
           "callbacks", "logger", "calibrator", "experiment", "debug", "paths", "hydra",
-          "position_bias"}
+          "position_bias", "hparams_search"}
 
 
 @pytest.fixture(scope="module")

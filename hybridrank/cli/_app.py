@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 __all__ = ["DEBUG_ENV", "cli_errors", "user_message", "hydra_job", "discard_failed_run",
-           "quiet_third_party"]
+           "quiet_third_party", "abort"]
 
 DEBUG_ENV = "HYBRIDRANK_DEBUG"
 #: set in the environment while a console script hands hydra's errors to us (so that a child
@@ -98,13 +98,32 @@ def user_message(exc: BaseException) -> str | None:
     if isinstance(exc, OmegaConfBaseException):
         return str(exc).strip().splitlines()[0]
     if isinstance(exc, HydraException):
-        return _compact_hydra(exc)
+        return _missing_sweeper(str(exc)) or _compact_hydra(exc)
     text = str(exc).strip()
     if isinstance(exc, OSError) and not text:
         text = repr(exc)
     if isinstance(exc, FileNotFoundError) and exc.filename and str(exc.filename) not in text:
         text = f"{text}: {exc.filename}"
     return _real_data_hint(text or type(exc).__name__)
+
+
+#: how to install a hydra sweeper plugin that a config names (hydra/sweeper=<name>)
+SWEEPER_PLUGINS = {"optuna": "pip install 'hybridrank[search]' (hydra-optuna-sweeper, hydra's Optuna "
+                             "sweeper plugin)"}
+
+
+def _missing_sweeper(text: str) -> str | None:
+    """The fix when a config names a hydra sweeper whose plugin is not installed (hydra then
+    cannot find ``hydra/sweeper/<name>``, the config the plugin registers), else None."""
+    import re
+
+    found = re.search(r"Could not (?:find|load) 'hydra/sweeper/(\w+)", text)
+    if not found:
+        return None
+    name = found.group(1)
+    fix = SWEEPER_PLUGINS.get(name, f"pip install hydra-{name}-sweeper")
+    return (f"the {name} sweeper (hydra/sweeper={name}, used by hparams_search=...) is not installed "
+            f"or does not import: {fix}")
 
 
 def _real_data_hint(text: str) -> str:
@@ -186,6 +205,15 @@ class _Abort(BaseException):
         self.original = original
 
 
+def abort(exc: BaseException) -> BaseException:
+    """A user error raised where hydra catches ``Exception`` (its job runner; its callbacks, which
+    turn an exception into a warning and carry on): ``raise abort(exc) from exc`` ends the command
+    with the one message of :func:`cli_errors` (the traceback with ``HYBRIDRANK_DEBUG=1``).
+    An error that is not the user's (a bug) is returned as it is."""
+    message = user_message(exc)
+    return exc if message is None else _Abort(message, exc)
+
+
 def hydra_job(fn: Callable[..., T]) -> Callable[..., T]:
     """Decorate a hydra task function (under ``@hydra.main``): a user error removes the run's
     output folder when it holds nothing of value (:func:`discard_failed_run`) and leaves the
@@ -232,8 +260,10 @@ def cli_errors(prog: str) -> Callable[[Callable[..., T]], Callable[..., T]]:
                 os.environ[DEBUG_ENV] = "1"
             try:
                 return main(*args, **kwargs)
-            except _Abort as abort:
-                _report(prog, abort.message)
+            except _Abort as stop:
+                if debug:
+                    raise stop.original from None
+                _report(prog, stop.message)
             except BrokenPipeError:  # `... | head`: the reader left; not an error of the run
                 devnull = os.open(os.devnull, os.O_WRONLY)
                 os.dup2(devnull, sys.stdout.fileno())
