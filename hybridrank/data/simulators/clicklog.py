@@ -304,7 +304,10 @@ def _blocks(a: _Args, chunk_users: int) -> Iterator[pl.DataFrame]:
         cols["user_id"] += users
         requests, sessions, users = requests + n_req, sessions + n_sess, users + user_eff.size
         k += 1
-        yield pl.DataFrame(cols)
+        frame = pl.DataFrame(cols)
+        del cols  # hold one block: nothing of this one stays while the next is drawn
+        yield frame
+        del frame
 
 
 def _defaults() -> dict[str, object]:

@@ -70,7 +70,9 @@ def fill_slates(rng: np.random.Generator, slate: np.ndarray, rows: np.ndarray, s
 
     Each round draws ``n_cand`` candidates per unfinished row with replacement, drops repeats
     inside a row (keeping the first draw) and keeps the first ``sizes[r]``; rows left short are
-    drawn again together in the next round, with ``grow`` times as many candidates.
+    drawn again together in the next round, with ``grow`` times as many candidates. A round's
+    rows are drawn in batches of about :data:`_CANDIDATES` candidates, one after the other from
+    the same stream: the same draws as one batch, in bounded memory.
 
     Args:
         rng: the slates' random stream.
@@ -88,16 +90,29 @@ def fill_slates(rng: np.random.Generator, slate: np.ndarray, rows: np.ndarray, s
     while todo.size:
         if max_rounds is not None and rounds == max_rounds:
             raise RuntimeError("could not draw distinct slates (popularity too concentrated)")
-        cand = rng.choice(p.size, size=(todo.size, n_cand), p=p)
-        keep = ~repeats(cand)
-        rank = np.cumsum(keep, axis=1)  # 1-based rank among the distinct draws
-        take = keep & (rank <= sizes[todo][:, None])
-        ok = take.sum(axis=1) == sizes[todo]
-        r, c = np.nonzero(take[ok])
-        slate[todo[ok][r], rank[ok][r, c] - 1] = cand[ok][r, c]
-        todo = todo[~ok]
+        step = max(1, _CANDIDATES // n_cand)
+        short = [_fill_batch(rng, slate, todo[i:i + step], sizes, p, n_cand)
+                 for i in range(0, todo.size, step)]
+        todo = np.concatenate(short)
         n_cand *= grow
         rounds += 1
+
+
+#: candidates drawn at a time by :func:`fill_slates` (a few arrays of this many int64)
+_CANDIDATES = 1 << 20
+
+
+def _fill_batch(rng: np.random.Generator, slate: np.ndarray, todo: np.ndarray, sizes: np.ndarray,
+                p: np.ndarray, n_cand: int) -> np.ndarray:
+    """One round of :func:`fill_slates` for the rows ``todo``; returns the rows left short."""
+    cand = rng.choice(p.size, size=(todo.size, n_cand), p=p)
+    keep = ~repeats(cand)
+    rank = np.cumsum(keep, axis=1)  # 1-based rank among the distinct draws
+    take = keep & (rank <= sizes[todo][:, None])
+    ok = take.sum(axis=1) == sizes[todo]
+    r, c = np.nonzero(take[ok])
+    slate[todo[ok][r], rank[ok][r, c] - 1] = cand[ok][r, c]
+    return todo[~ok]
 
 
 def draw_sessions(rng: np.random.Generator, n_sess_u: np.ndarray, span: int

@@ -128,8 +128,9 @@ class WorldSpec:
         user_zipf: 0 (``1 + Poisson(sessions_per_user - 1)`` sessions per user), or the exponent
             of a heavy-tailed activity law: user ``u`` runs ``1 + Poisson((sessions_per_user - 1)
             w_u / mean(w))`` sessions, ``w_u = rank_u ** -user_zipf`` over a random ranking of
-            the users (0.7..1.1: most users have a session or two, the top 1 % hold a large share
-            of the impressions).
+            the users (0.8..1.2: most users have a session or two, the top 1 % hold a large share
+            of the impressions; the family also draws short lists, 1..2 requests per session and
+            1.5..3 sessions per user, so users are many).
         late_share: 0, or the share of sessions in the late period: the last sessions by start
             time (0.2, :data:`LONGTAIL_LATE_SHARE`: the test split of conf/data/clicklog.yaml).
             Every user with a session outside it has one before it (``params["late_start"]`` is
@@ -382,7 +383,9 @@ def draw_world(seed: int, *, size: str = "small", family: str = "base", **overri
     d["family"] = family
     d.update(TAIL_DEFAULTS)
     if family == "longtail":
-        d.update(_draw_longtail(seed))
+        tails = _draw_longtail(seed)
+        min_len, max_len = tails.pop("min_len"), tails.pop("max_len")
+        d.update(tails)
 
     # pinned fields, then the fields tied to them
     pin = dict(overrides)
@@ -420,12 +423,17 @@ def draw_world(seed: int, *, size: str = "small", family: str = "base", **overri
 def _draw_longtail(seed: int) -> dict[str, Any]:
     """The ``longtail`` family's fields, from their own generator (the base draws stay as they are).
 
-    Sessions per user are drawn again (1.5..3.5) so that the activity law has a tail to spread.
+    Short lists (2..5 to 10..40 items), 1..2 requests per session and 1.5..3 sessions per user
+    on average, so that most users have a handful of impressions and the activity law has a
+    tail to spread: users are many, as in an ad log, not a few heavy ones.
     """
     rng = np.random.default_rng([seed, _FAMILY_STREAM + FAMILIES.index("longtail")])
     return {
-        "sessions_per_user": round(float(rng.uniform(1.5, 3.5)), 2),
-        "user_zipf": round(float(rng.uniform(0.7, 1.1)), 3),
+        "min_len": int(rng.integers(2, 6)),
+        "max_len": round(_loguniform(rng, 10, 40)),
+        "requests_per_session": round(float(rng.uniform(1.0, 2.0)), 2),
+        "sessions_per_user": round(float(rng.uniform(1.5, 3.0)), 2),
+        "user_zipf": round(float(rng.uniform(0.8, 1.2)), 3),
         "late_share": LONGTAIL_LATE_SHARE,
         "new_user_share": round(float(rng.uniform(0.0, 0.5)), 3),
         "n_side": int(rng.integers(4, 13)),

@@ -124,6 +124,7 @@ def write_clicklog(out: str | os.PathLike, *, chunk_users: int = CHUNK_USERS,
                 for i, block in enumerate(blocks):
                     block.write_csv(f, include_header=i == 0)
                     summary.add(block)
+                    del block  # not kept while the next block is drawn
         summary.files = 1
     return summary
 
@@ -139,6 +140,7 @@ def _write_parquet(path: Path, blocks: Iterator[pl.DataFrame], summary: LogSumma
                 writer = pq.ParquetWriter(path, table.schema, compression="zstd")
             writer.write_table(table, row_group_size=ROW_GROUP_ROWS)
             summary.add(block)
+            del block, table  # not kept while the next block is drawn
     finally:
         if writer is not None:
             writer.close()
@@ -155,8 +157,12 @@ def _write_folder(out: Path, blocks: Iterator[pl.DataFrame], summary: LogSummary
             block.write_parquet(tmp / f"part-{i:05d}.parquet")
             summary.add(block)
             summary.files += 1
+            del block  # not kept while the next block is drawn
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o777 & ~umask)  # mkdtemp folders are private; a log is meant to be read
         with contextlib.suppress(FileNotFoundError):
-            out.rmdir()  # the empty folder check_writable made (or the user's empty one)
+            out.rmdir()  # the user's empty folder
         os.replace(tmp, out)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
