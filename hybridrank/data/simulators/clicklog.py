@@ -37,6 +37,7 @@ sampling noise of the first block's users.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -266,10 +267,14 @@ def clicklog_chunks(*, chunk_users: int = CHUNK_USERS, **simulator) -> Iterator[
         chunk_users: users per block (>= 1).
         **simulator: the keyword arguments of :func:`simulate_clicklog`.
 
-    Yields:
-        Frames with the columns of :data:`SIM_COLUMNS`; each block's ``request_id``,
-        ``session_id`` and ``user_id`` continue the previous block's, and rows are sorted by
-        ``request_id``, so the concatenation is one log with every request's rows adjacent.
+    Returns:
+        An iterator of frames with the columns of :data:`SIM_COLUMNS` (the arguments are checked
+        here, before any draw); each block's ``request_id``, ``session_id`` and ``user_id``
+        continue the previous block's, and rows are sorted by ``request_id``, so the
+        concatenation is one log with every request's rows adjacent.
+
+    Raises:
+        ValueError, TypeError: a bad or unknown argument.
 
     >>> blocks = list(clicklog_chunks(n_users=5, chunk_users=2, seed=1))
     >>> [b["user_id"].unique().sort().to_list() for b in blocks]
@@ -311,6 +316,5 @@ def _blocks(a: _Args, chunk_users: int) -> Iterator[pl.DataFrame]:
 
 
 def _defaults() -> dict[str, object]:
-    import inspect
-
+    """:func:`simulate_clicklog`'s keyword defaults."""
     return {name: p.default for name, p in inspect.signature(simulate_clicklog).parameters.items()}

@@ -63,7 +63,6 @@ TIME_ORIGIN = 1_700_006_400
 NEW_ITEM_POOL = 0.2          # share of the catalogue held back as "new items" (new_item_share > 0)
 NEW_ITEM_START = 0.7         # new items appear in requests after this fraction of the period
 
-
 #: World families :func:`draw_world` draws from: ``base`` (the structural choices above) and
 #: ``longtail`` (the base draws plus an ad log's long tails: heavy-tailed user activity, users
 #: unseen before the test period, dense item side features, user x item latent interactions).
@@ -75,6 +74,8 @@ LONGTAIL_LATE_SHARE = 0.2
 #: as the base family has always drawn it).
 TAIL_DEFAULTS: dict[str, Any] = {"user_zipf": 0.0, "late_share": 0.0, "new_user_share": 0.0,
                                  "n_side": 0, "side_corr": 0.0, "interaction_share": 0.0}
+
+
 @dataclass(frozen=True)
 class WorldSpec:
     """Every structural choice of one world. Draw it with :func:`draw_world`.
@@ -305,7 +306,8 @@ def draw_world(seed: int, *, size: str = "small", family: str = "base", **overri
 
     The ``longtail`` family draws every base field first, as ``base`` does, then its own fields
     from a second generator (:func:`_draw_longtail`), so a long-tail world shares its seed's
-    naming, catalogue, click rate, curve, logging and drift with the base world of that seed.
+    naming, catalogue, click rate, curve, logging and drift with the base world of that seed
+    (its list lengths, sessions and so its number of users are its own).
 
     Every field is drawn whatever is pinned, so pinning one field leaves the others as the seed
     drew them, except where fields are tied together:
