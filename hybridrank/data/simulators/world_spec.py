@@ -132,8 +132,8 @@ class WorldSpec:
             the users (0.8..1.2: most users have a session or two, the top 1 % hold a large share
             of the impressions; the family also draws short lists, 1..2 requests per session and
             1.5..3 sessions per user, so users are many).
-        late_share: 0, or the share of sessions in the late period: the last sessions by start
-            time (0.2, :data:`LONGTAIL_LATE_SHARE`: the test split of conf/data/clicklog.yaml).
+        late_share: 0, or the share of sessions in the late period, the sessions that start
+            latest (0.2, :data:`LONGTAIL_LATE_SHARE`: the test split of conf/data/clicklog.yaml).
             Every user with a session outside it has one before it (``params["late_start"]`` is
             when it starts).
         new_user_share: the share of the late period's sessions (so, in expectation, of its
