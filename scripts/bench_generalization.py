@@ -43,7 +43,7 @@ Beside them a plainly specified factorization machine (``scripts/reference_fm.py
 a batch uses, Adam 1e-3, early stopping) trained on the same train / validation rows.
 
     python scripts/bench_generalization.py --worlds 24 --seed0 1000 [--variants default,tower,...]
-        [--size small] [--explore-shares 0,0.01,0.05,0.1] [--pin FIELD=VALUE ...]
+        [--size small] [--family longtail] [--explore-shares 0,0.01,0.05,0.1] [--pin FIELD=VALUE ...]
     python scripts/bench_generalization.py --tables results/generalization.json [more.json ...]
 
 The results go to ``results/generalization.json`` (``--out``); ``--tables`` prints the world and
@@ -76,6 +76,7 @@ from reference_fm import fit_reference_fm  # noqa: E402
 from hybridrank.data.readers import ColumnMap  # noqa: E402
 from hybridrank.data.sources import split_frame  # noqa: E402
 from hybridrank.data.worlds import (  # noqa: E402
+    FAMILIES,
     TIME_ORIGIN,
     TRUTH_COLUMNS,
     World,
@@ -140,8 +141,9 @@ def _overrides(world: World, path: Path, position_feature: bool) -> list[str]:
     return out
 
 
-def prepare_world(seed: int, size: str, work: Path, pins: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    world = simulate_world(draw_world(seed, size=size, **dict(pins or {})))
+def prepare_world(seed: int, size: str, work: Path, pins: Mapping[str, Any] | None = None,
+                  family: str = "base") -> dict[str, Any]:
+    world = simulate_world(draw_world(seed, size=size, family=family, **dict(pins or {})))
     wdir = work / f"world{seed}"
     wdir.mkdir(parents=True, exist_ok=True)
     world.write(wdir)
@@ -538,6 +540,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--worlds", type=int, default=24)
     ap.add_argument("--seed0", type=int, default=1000)
     ap.add_argument("--size", default="small", choices=("tiny", "small"))
+    ap.add_argument("--family", default="base", choices=FAMILIES,
+                    help="world family: base, or longtail (heavy-tailed user activity, users "
+                         "unseen before the test period, dense item side features, user x item "
+                         "latent interactions)")
     ap.add_argument("--variants", default="default,tower,fm,fm_tower")
     ap.add_argument("--no-reference", action="store_true", help="skip the reference FM")
     ap.add_argument("--timeout", type=float, default=1800.0, help="seconds per world's multirun")
@@ -575,7 +581,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             world_pins = dict(pins)
             if shares is not None:
                 world_pins.update(logging="sorted", explore_share=shares[i % len(shares)], mark_explore=True)
-            w = prepare_world(seed, a.size, work, world_pins)
+            w = prepare_world(seed, a.size, work, world_pins, a.family)
             runs = train_variants(w, variants, a.timeout, a.extra)
             t_train = time.perf_counter() - t0
             scratch = w["dir"] / "scores"

@@ -1,4 +1,5 @@
-"""The click-log simulator: determinism, statistics of the generated log, the console script."""
+"""The click-log simulator: determinism, statistics of the generated log, the blocks of a log
+larger than memory and their writer, the console script."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ import pytest
 import scipy.special
 
 from hybridrank.cli.simulate import main
-from hybridrank.data.simulate import SIM_COLUMNS, simulate_clicklog
+from hybridrank.data.simulate import SIM_COLUMNS, clicklog_chunks, simulate_clicklog, write_clicklog
+from hybridrank.data.simulators import writer
 
 
 @pytest.fixture(scope="module")
@@ -175,3 +177,173 @@ def test_reference_position_probability_removes_the_position_effect(log):
     lt = np.log(log["p_true"].to_numpy() / (1 - log["p_true"].to_numpy()))
     lr = np.log(log["p_true_ref"].to_numpy() / (1 - log["p_true_ref"].to_numpy()))
     assert np.allclose(lr - lt, 0.5 * np.log(log["position"].to_numpy()), atol=1e-9)
+
+
+# ----------------------------------------------------------------------------------------------
+# logs larger than memory: blocks of users, written as they come
+# ----------------------------------------------------------------------------------------------
+def test_one_block_is_the_log_bit_for_bit():
+    ref = simulate_clicklog(n_users=300, seed=7)
+    blocks = list(clicklog_chunks(n_users=300, chunk_users=300, seed=7))
+    assert len(blocks) == 1 and blocks[0].equals(ref)
+    assert next(iter(clicklog_chunks(n_users=300, seed=7))).equals(ref)  # the default block size
+
+
+def test_blocks_continue_one_log():
+    blocks = list(clicklog_chunks(n_users=250, chunk_users=100, seed=7))
+    assert [b["user_id"].n_unique() for b in blocks] == [100, 100, 50]
+    # the first block is the log of its 100 users, as simulate_clicklog draws it
+    assert blocks[0].equals(simulate_clicklog(n_users=100, seed=7))
+    log = pl.concat(blocks)
+    assert tuple(log.columns) == SIM_COLUMNS
+    # ids continue across blocks: requests 0..R-1 stored in order (every request's rows adjacent),
+    # sessions and users disjoint between blocks and numbered without gaps
+    rid = log["request_id"].to_numpy()
+    assert rid[0] == 0 and set(np.unique(np.diff(rid))) <= {0, 1}
+    assert log["request_id"].n_unique() == rid[-1] + 1
+    assert sorted(log["user_id"].unique().to_list()) == list(range(250))
+    sess = [set(b["session_id"].unique().to_list()) for b in blocks]
+    assert not (sess[0] & sess[1]) and not (sess[1] & sess[2])
+    assert log["session_id"].n_unique() == log["session_id"].max() + 1
+    # later blocks share the item catalogue: an item's category, price and popularity signal
+    per_item = log.group_by("item_id").agg(pl.col("item_category", "item_price", "item_pop")
+                                           .n_unique())
+    assert (per_item.drop("item_id") == 1).to_numpy().all()
+    # ... and draw their own users and clicks
+    assert not blocks[1].drop("request_id", "session_id", "user_id").equals(
+        blocks[0].head(blocks[1].height).drop("request_id", "session_id", "user_id"))
+    # every block's slates and probabilities follow the same model
+    for b in blocks:
+        per = b.group_by("request_id").agg(pl.len(), pl.col("position").max().alias("pmax"),
+                                           pl.col("item_id").n_unique().alias("nitem"))
+        assert (per["pmax"] == per["len"]).all() and (per["nitem"] == per["len"]).all()
+    # the first block's intercept serves every block: the mean true CTR stays near the target
+    assert log["p_true"].mean() == pytest.approx(0.03, rel=0.1)
+    again = pl.concat(list(clicklog_chunks(n_users=250, chunk_users=100, seed=7)))
+    assert again.equals(log)
+
+
+def test_block_arguments_are_checked_before_any_draw():
+    with pytest.raises(ValueError, match="chunk_users"):
+        clicklog_chunks(n_users=10, chunk_users=0)
+    with pytest.raises(ValueError, match="base_ctr"):
+        clicklog_chunks(n_users=10, base_ctr=2.0)
+    with pytest.raises(TypeError, match="n_user"):
+        clicklog_chunks(n_user=10)
+
+
+def _read(out) -> pl.DataFrame:
+    if out.suffix == ".csv":
+        return pl.read_csv(out)
+    return pl.read_parquet(out / "*.parquet" if out.is_dir() else out)
+
+
+@pytest.mark.parametrize("name", ["log.parquet", "log.csv", "parts"])
+def test_writer_writes_the_blocks_as_one_log(tmp_path, name):
+    out = tmp_path / "sub" / name
+    summary = write_clicklog(out, n_users=250, chunk_users=100, seed=3)
+    ref = pl.concat(list(clicklog_chunks(n_users=250, chunk_users=100, seed=3)))
+    back = _read(out)
+    if name.endswith(".csv"):  # text: integers exact, floats to the printed precision
+        ints = [c for c in SIM_COLUMNS if ref[c].dtype != pl.Float64]
+        assert back.select(ints).equals(ref.select(ints).cast(back.select(ints).schema))
+        for c in set(SIM_COLUMNS) - set(ints):
+            np.testing.assert_allclose(back[c].to_numpy(), ref[c].to_numpy(), rtol=1e-12)
+    else:
+        assert back.equals(ref)
+    assert summary.files == (3 if name == "parts" else 1)
+    if name == "parts":
+        assert sorted(p.name for p in out.iterdir()) == [f"part-0000{i}.parquet" for i in range(3)]
+    # the summary against the log itself
+    no_click = ref.group_by("request_id").agg(pl.col("click").max())["click"]
+    assert (summary.rows, summary.requests, summary.sessions, summary.users) == (
+        ref.height, ref["request_id"].n_unique(), ref["session_id"].n_unique(), 250)
+    assert summary.clicks == ref["click"].sum()
+    assert summary.ctr == pytest.approx(ref["click"].mean())
+    assert summary.mean_p_true == pytest.approx(ref["p_true"].mean(), rel=1e-12)
+    assert summary.no_click_share == pytest.approx(float((no_click == 0).mean()))
+    assert not [p for p in out.parent.iterdir() if p.name.startswith(".")]  # no temporary left
+
+
+def test_writer_small_log_in_many_row_groups_is_the_log(tmp_path, monkeypatch):
+    """A log of one block written in row groups of 1,000 rows reads back as simulate_clicklog's."""
+    import pyarrow.parquet as pq
+
+    monkeypatch.setattr(writer, "ROW_GROUP_ROWS", 1_000)
+    out = tmp_path / "log.parquet"
+    write_clicklog(out, n_users=120, seed=5)
+    ref = simulate_clicklog(n_users=120, seed=5)
+    assert pq.ParquetFile(out).metadata.num_row_groups == math.ceil(ref.height / 1_000)
+    assert pl.read_parquet(out).equals(ref)
+
+
+@pytest.mark.parametrize("name", ["log.parquet", "parts"])
+def test_streamed_reader_takes_the_written_log(tmp_path, name):
+    """The click-log scanner (conf/data/clicklog_stream.yaml's reader) cuts the written log into
+    chunks of whole requests without calling it scattered, and reads every row once."""
+    from hybridrank.data.readers import ColumnMap
+    from hybridrank.data.scanner import ClickLogScanner
+
+    out = tmp_path / name
+    write_clicklog(out, n_users=250, chunk_users=100, seed=3)
+    path = out / "*.parquet" if name == "parts" else out
+    scanner = ClickLogScanner(path, ColumnMap(request="request_id", label="click"), chunk_rows=5_000)
+    chunks = scanner.layout()
+    assert len(chunks) > 3
+    ref = pl.concat(list(clicklog_chunks(n_users=250, chunk_users=100, seed=3)))
+    assert sum(c.n_rows for c in chunks) == ref.height
+    assert sum(c.n_requests for c in chunks) == ref["request_id"].n_unique()
+
+
+def test_writer_memory_does_not_grow_with_the_log(tmp_path):
+    """tracemalloc's peak (numpy's arrays) while writing 2 and 8 blocks of 100 users is the same,
+    and a fraction of building the 8-block-sized log in memory."""
+    import tracemalloc
+
+    def peak(fn) -> int:
+        tracemalloc.start()
+        try:
+            fn()
+            return tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+
+    write_clicklog(tmp_path / "warm.parquet", n_users=20, chunk_users=10, seed=1)  # imports, pools
+    small = peak(lambda: write_clicklog(tmp_path / "a.parquet", n_users=200, chunk_users=100, seed=1))
+    large = peak(lambda: write_clicklog(tmp_path / "b.parquet", n_users=800, chunk_users=100, seed=1))
+    whole = peak(lambda: simulate_clicklog(n_users=800, seed=1))
+    assert large <= 1.1 * small
+    assert large < 0.3 * whole
+
+
+@pytest.mark.slow
+def test_writer_peak_rss_is_flat(tmp_path):
+    """Peak RSS growth of a process writing 1 block and 6 blocks of 2,000 users (~1.3M rows)."""
+    import subprocess
+    import sys
+
+    from memprobe import PROBE
+
+    def growth(n_users: int) -> float:
+        code = PROBE + (
+            "from hybridrank.data.simulate import write_clicklog\n"
+            "base = reset_peak()\n"
+            f"write_clicklog({str(tmp_path / f'log{n_users}.parquet')!r}, n_users={n_users}, "
+            "chunk_users=2000, seed=0)\n"
+            "print(peak_mb() - base)\n")
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+        return float(out.stdout.strip().splitlines()[-1])
+
+    one, six = growth(2_000), growth(12_000)
+    assert six < 1.25 * one + 20, (one, six)
+
+
+def test_cli_writes_a_folder_of_blocks(tmp_path, capsys):
+    out = tmp_path / "logs" / "sim"
+    rc = main(["--out", str(out), "--n-users", "250", "--chunk-users", "100", "--seed", "3"])
+    assert rc == 0
+    assert pl.read_parquet(out / "*.parquet").equals(
+        pl.concat(list(clicklog_chunks(n_users=250, chunk_users=100, seed=3))))
+    assert "(3 files)" in capsys.readouterr().out
+    rc = main(["--out", str(out), "--n-users", "250"])  # the folder holds files now
+    assert rc == 2 and "not empty" in capsys.readouterr().err

@@ -1,4 +1,5 @@
-"""The world generator: determinism, pinned fields, the truth, logging policies, file output."""
+"""The world generator: determinism, pinned fields, the truth, logging policies, file output, and
+the long-tail family."""
 
 from __future__ import annotations
 
@@ -13,8 +14,10 @@ from hypothesis import strategies as st
 
 from hybridrank.data.readers import ColumnMap, normalize_types, validate_frame
 from hybridrank.data.worlds import (
+    LONGTAIL_LATE_SHARE,
     NAMING_SCHEMES,
     POSITION_CURVES,
+    TAIL_DEFAULTS,
     TIME_ORIGIN,
     TRUTH_COLUMNS,
     World,
@@ -306,3 +309,144 @@ def test_write_and_load(tmp_path):
     np.testing.assert_array_equal(f["true_p"].to_numpy(), 1.0 / (1.0 + np.exp(
         -(f["true_logit"].to_numpy() + back.offset(pos)))))
     _check_invariants(back)
+
+
+# ----------------------------------------------------------------------------------------------
+# the long-tail family: heavy-tailed users, users unseen before the test period, side features,
+# user x item interactions
+# ----------------------------------------------------------------------------------------------
+def _longtail(seed: int, **pin) -> World:
+    return simulate_world(draw_world(seed, size="tiny", family="longtail", **pin))
+
+
+def test_longtail_spec_is_the_seeds_base_spec_plus_its_tails():
+    base, tail = draw_world(7, size="tiny"), draw_world(7, size="tiny", family="longtail")
+    assert tail == draw_world(7, size="tiny", family="longtail")
+    assert tail != draw_world(8, size="tiny", family="longtail")
+    assert base.family == "base" and tail.family == "longtail"
+    assert {k: getattr(base, k) for k in TAIL_DEFAULTS} == TAIL_DEFAULTS   # base worlds: no tails
+    redrawn = {"min_len", "max_len", "requests_per_session", "sessions_per_user", "n_users",
+               "family", *TAIL_DEFAULTS}
+    for k, v in base.to_dict().items():
+        if k not in redrawn:
+            assert getattr(tail, k) == v, k
+    for seed in range(20):
+        s = draw_world(seed, family="longtail")
+        assert 0.8 <= s.user_zipf <= 1.2 and 0.0 <= s.new_user_share <= 0.5
+        assert s.late_share == LONGTAIL_LATE_SHARE and 4 <= s.n_side <= 12
+        assert 0.3 <= s.side_corr <= 0.9 and 0.3 <= s.interaction_share <= 0.7
+        assert 2 <= s.min_len <= 5 and s.max_len <= 40 and s.requests_per_session <= 2.0
+    assert WorldSpec(**json.loads(json.dumps(tail.to_dict()))) == tail
+    assert "longtail" in tail.describe() and "users zipf" in tail.describe()
+
+
+def test_longtail_world_is_deterministic_and_valid():
+    a, b = _longtail(3), _longtail(3)
+    assert a.frame.equals(b.frame) and a.params == b.params
+    assert not a.frame.equals(_longtail(4).frame)
+    _check_invariants(a)
+    side = [n for n in a.columns["numeric"] if n.startswith(NAMING_SCHEMES[a.spec.naming]["side"][:-2])]
+    assert len(side) == a.spec.n_side
+
+
+@settings(max_examples=5, deadline=None)
+@given(st.integers(0, 10**6))
+def test_every_longtail_world_passes_the_invariants(seed):
+    w = _longtail(seed)
+    _check_invariants(w)
+    assert w.frame.select(w.columns["user"]).n_unique() == w.spec.n_users
+
+
+def test_tail_fields_are_checked_and_tied():
+    assert draw_world(1, new_user_share=0.3).late_share == LONGTAIL_LATE_SHARE
+    with pytest.raises(ValueError, match="family"):
+        draw_world(1, family="heavy")
+    with pytest.raises(TypeError, match="cannot pin"):
+        draw_world(1, family_name="longtail")
+    spec = draw_world(1)
+    with pytest.raises(ValueError, match="new_user_share > 0 needs late_share"):
+        WorldSpec(**{**spec.to_dict(), "new_user_share": 0.2})
+    with pytest.raises(ValueError, match="side_corr"):
+        WorldSpec(**{**spec.to_dict(), "side_corr": 1.5})
+
+
+def _per_user(w: World) -> tuple[np.ndarray, np.ndarray]:
+    c = w.columns
+    per = w.frame.group_by(c["user"]).agg(pl.len().alias("n"), pl.col(c["session"]).n_unique().alias("s"))
+    return per["n"].to_numpy(), per["s"].to_numpy()
+
+
+def test_user_activity_is_heavy_tailed():
+    """Most users run one session and have a few impressions; the top 1 % hold a large share.
+    The same world with the Poisson law (user_zipf=0) as the reference: no such tail."""
+    pin = {"n_impressions": 30_000, "new_user_share": 0.0}
+    for seed in (0, 1):
+        tail, flat = _longtail(seed, user_zipf=1.0, **pin), _longtail(seed, user_zipf=0.0, **pin)
+
+        def top_share(n: np.ndarray) -> float:
+            return float(np.sort(n)[::-1][: max(1, n.size // 100)].sum() / n.sum())
+
+        n, s = _per_user(tail)
+        n0, _ = _per_user(flat)
+        assert top_share(n) > 0.15 and top_share(n) > 4 * top_share(n0)
+        assert (s == 1).mean() > 0.5
+        assert np.median(n) < 0.65 * n.mean() and np.median(n0) > 0.8 * n0.mean()
+        assert n.size == tail.spec.n_users  # every user runs a session
+
+
+@pytest.mark.parametrize("seed,share", [(0, 0.0), (1, 0.25), (2, 0.5)])
+def test_unseen_users_at_test_match_the_asked_share(seed, share):
+    """conf/data/clicklog.yaml's split: the test sessions are the late period; the share of them
+    (and, within sampling noise, of their impressions) run by users absent from train and val is
+    the asked one. Users absent from train alone are at least as many (validation is drawn at
+    random before the test period)."""
+    from hybridrank.data.sources import split_frame
+
+    w = _longtail(seed, n_impressions=30_000, new_user_share=share)
+    c = w.columns
+    train, val, test = split_frame(w.frame, ColumnMap(**c), by="time", val=0.1, test=0.2,
+                                   key="session", seed=0, val_by="hash")
+    assert test[c["time"]].min() >= w.params["late_start"] > train[c["time"]].max()
+    seen = pl.concat([train[c["user"]], val[c["user"]]]).unique().implode()
+    per = (test.group_by(c["session"]).agg(pl.col(c["user"]).first(), pl.len().alias("n"))
+           .with_columns((~pl.col(c["user"]).is_in(seen)).alias("new")))
+    assert per["new"].mean() == pytest.approx(share, abs=0.01)     # by construction, per session
+    n, new = per["n"].to_numpy().astype(np.float64), per["new"].to_numpy()
+    rows = float((n * new).sum() / n.sum())                          # per impression
+    se = math.sqrt(((n * new - rows * n) ** 2).sum()) / n.sum()
+    assert abs(rows - share) <= 4 * se + 1e-12
+    not_in_train = float((~test[c["user"]].is_in(train[c["user"]].unique().implode())).mean())
+    assert not_in_train >= rows
+    if share == 0.0:
+        assert rows == 0.0
+
+
+def test_side_features_observe_the_item_latent_vectors():
+    from hybridrank.data.worlds import draw_population
+
+    spec = draw_world(5, size="tiny", family="longtail", n_items=4000, side_corr=0.6, n_side=6)
+    w, pop = simulate_world(spec), draw_population(spec)
+    c, names = w.columns, NAMING_SCHEMES[spec.naming]
+    item = w.frame[c["item"]].to_numpy()
+    proj = pop.item_vec @ pop.side_proj
+    for k in range(spec.n_side):
+        col = names["side"].format(k)
+        assert col in c["numeric"] and col in w.features
+        np.testing.assert_array_equal(w.frame[col].to_numpy(), pop.side[item, k])
+        assert np.corrcoef(pop.side[:, k], proj[:, k])[0, 1] == pytest.approx(0.6, abs=0.04)
+
+
+@pytest.mark.parametrize("share", [0.0, 0.5])
+def test_user_item_interaction_takes_its_share_of_the_relevance(share):
+    """With an additive scorer (no user x item term of its own) and no drift, the squared
+    correlation of the relevance logit with user_vec . item_vec is the asked share."""
+    from hybridrank.data.worlds import draw_population
+
+    spec = draw_world(2, size="tiny", family="longtail", n_impressions=20_000, scorer="additive",
+                      drift="none", interaction_share=share)
+    w, pop = simulate_world(spec), draw_population(spec)
+    c = w.columns
+    uv = np.einsum("nd,nd->n", pop.user_vec[w.frame[c["user"]].to_numpy()],
+                   pop.item_vec[w.frame[c["item"]].to_numpy()])
+    r = np.corrcoef(w.frame[TRUTH_COLUMNS["logit"]].to_numpy(), uv)[0, 1]
+    assert r ** 2 == pytest.approx(share, abs=0.03)
