@@ -101,7 +101,7 @@ def test_replicate_sums_equal_a_loop_over_impressions_and_draws_are_poisson_one(
     request's weight, added to its slot), and the weights' frequencies against Poisson(1)."""
     from scipy.stats import chisquare, poisson
 
-    from hybridrank.models.position import _replicate_sums, poisson_one
+    from hybridrank.models.position import poisson_one, replicate_sums
 
     rng = np.random.default_rng(0)
     n, n_req, n_slots, k = 300, 40, 7, 5
@@ -109,7 +109,7 @@ def test_replicate_sums_equal_a_loop_over_impressions_and_draws_are_poisson_one(
     slot = torch.from_numpy(rng.integers(0, n_slots, n))
     vals = torch.from_numpy(rng.random((3, n)))
     counts = poisson_one((n_req, k), torch.Generator().manual_seed(1))
-    got = _replicate_sums(vals, req * n_slots + slot, counts, n_slots)
+    got = replicate_sums(vals, req * n_slots + slot, counts, n_slots)
     want = np.zeros((3, k, n_slots))
     for i in range(n):
         for b in range(k):
@@ -154,7 +154,7 @@ def test_monotone_offsets_pool_noisy_slots():
     b_free, b_mono = np.array(free.offsets()), np.array(mono.offsets())
     assert np.all(np.diff(b_mono) <= 1e-9) and b_mono[0] == 0.0
     assert np.abs(b_mono - true).mean() < np.abs(b_free - true).mean()
-    s = mono.last
+    s = mono.last_sums                                  # clicks, expected clicks, impressions
     info = (s[1] * (s[2] - s[1]) / s[2]).numpy()
     ref = isotonic_regression(b_free, weights=info, increasing=False).x
     assert np.abs((ref - ref[0]) - b_mono).max() < 0.03
@@ -653,10 +653,10 @@ def test_pooled_intervals_are_the_hull_with_the_per_slot_ones_and_old_checkpoint
     assert np.all(width >= 0.8 * width_per_slot), (width, width_per_slot)
     assert "hull" in rep["interval"]["method"]
 
-    old = {k: v for k, v in pooled.state_dict().items() if k != "bounds"}
+    old = {k: v for k, v in pooled.state_dict().items() if k not in ("offset_lower", "offset_upper")}
     loaded = PositionBias(max_position=8, n_boot=50)
     loaded.load_state_dict(old)
-    assert bool(torch.isnan(loaded.bounds).all())
+    assert bool(torch.isnan(loaded.offset_lower).all() and torch.isnan(loaded.offset_upper).all())
     got = loaded.report()
     assert np.allclose(np.array(got["lower"][1:], dtype=float), q[0, 1:].numpy())
 
@@ -715,7 +715,7 @@ def test_old_checkpoints_without_the_level_interval_load():
     t = PositionBias(max_position=3, n_boot=20)
     _level_marked(t, r, slot, y, epochs=2)
     assert t.report()["serving_level"] is not None
-    old = {k: v for k, v in t.state_dict().items() if k != "level_bounds"}
+    old = {k: v for k, v in t.state_dict().items() if k not in ("level_lower", "level_upper")}
     loaded = PositionBias(max_position=3, n_boot=20)
     loaded.load_state_dict(old)
     assert loaded.report()["serving_level"] is None
