@@ -6,7 +6,8 @@ lookup, offset dropout, adding the batch to the sums, the rank diagnosis, the bo
 never reads a value from an accelerator: whether the effect reads NOT identified is a Python
 flag set by each update (and by a checkpoint's load), the number of requests comes from the
 lists' shape, and the checks of the input (1-based positions, ``tail="error"``, propensities in
-``(0, 1]``) are recorded on the device and raised by the next :meth:`PositionBias.update`.
+``(0, 1]``) are recorded on the device and raised by the next :meth:`PositionBias.update` (or
+the next checkpoint's ``state_dict``, whichever comes first).
 Tensors on the CPU are read at once (that costs nothing), as is everything outside training.
 The per-epoch update and the report read the device freely.
 """
@@ -404,6 +405,12 @@ class PositionBias(nn.Module):
         all the traffic of a log whose slots follow the model's relevance)? False before any.
         A Python flag set by each update and each load: a training step reads no buffer."""
         return self._confounded
+
+    def state_dict(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        """The module's state; raises first what the checks of accelerator training steps found
+        (a checkpoint holds no batch whose check is still pending)."""
+        self._raise_deferred()
+        return super().state_dict(*args, **kwargs)
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
         # a state dict without the intervals (written before they were kept) loads them unset
