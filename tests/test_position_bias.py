@@ -918,3 +918,30 @@ def test_a_cuda_training_step_does_not_synchronize():
     cpu.update(), gpu.update()
     assert np.allclose(cpu.offsets(), gpu.offsets(), rtol=0, atol=1e-5)
     assert cpu.report()["identifiability"]["estimated_from"] == gpu.report()["identifiability"]["estimated_from"]
+
+
+def test_ddp_leaves_every_rank_its_own_tower_sums(tmp_path):
+    """DDP copies rank 0's buffers over every rank's before each forward unless told not to: the
+    tower's sums would then hold rank 0's batches (twice, after the all-reduce) instead of every
+    rank's. The model hands DDP the tower's buffers to leave alone (checked on a one-process
+    gloo group: DDP's own list of buffers to broadcast)."""
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    from hybridrank.data.readers import ColumnMap
+    from hybridrank.data.schema import Schema
+
+    frame = pl.DataFrame({"r": [1, 1, 2], "y": [0.0, 1.0, 0.0], "x": [0.1, 0.2, 0.3], "position": [1, 2, 1]})
+    schema = Schema.fit(frame, ColumnMap(request="r", label="y", position="position", numeric=["x"]), 1)
+    model = HybridRanker({"_target_": "hybridrank.models.scorers.MLPScorer", "_partial_": True},
+                         {"_target_": "hybridrank.losses.HybridLoss"},
+                         position_bias={"_target_": "hybridrank.models.position.PositionBias", "n_boot": 3},
+                         data={"schema": schema.to_dict()})
+    model.scorer.register_buffer("probe", torch.zeros(1))   # a buffer DDP does broadcast
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'group'}", rank=0, world_size=1)
+    try:
+        broadcast = {id(b) for b in DistributedDataParallel(model).modules_buffers}
+    finally:
+        dist.destroy_process_group()
+    assert id(model.scorer.probe) in broadcast
+    assert not broadcast & {id(b) for b in model.position_bias.buffers()}
