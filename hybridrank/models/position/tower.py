@@ -147,8 +147,8 @@ class PositionBias(nn.Module):
         self.dropout_when = dropout_when
         # whether the last update read the effect as NOT identified: set by each update and load
         self._confounded = False
-        # input checks of accelerator training steps, raised by the next update: the running
-        # [min, max] of the positions, and whether a propensity lay outside (0, 1]
+        # input checks of accelerator training steps, raised by the next update or state_dict:
+        # the running [min, max] of the positions, and whether a propensity lay outside (0, 1]
         self._position_range: torch.Tensor | None = None
         self._bad_propensity: torch.Tensor | None = None
         s, k = self.max_position, self.n_boot
@@ -199,15 +199,14 @@ class PositionBias(nn.Module):
         """``[B]`` 0-based slot index of 1-based positions ``[B]`` (the tail rule applied)."""
         pos = position.long()
         if not torch.jit.is_scripting() and not torch.jit.is_tracing() and pos.numel():
-            if self._defers_checks(pos):
-                lo, hi = torch.aminmax(pos)
-                if self._position_range is not None:
-                    lo = torch.minimum(lo, self._position_range[0])
-                    hi = torch.maximum(hi, self._position_range[1])
+            lo, hi = torch.aminmax(pos)
+            if not self._defers_checks(pos):
+                self._check_positions(int(lo), int(hi))
+            elif self._position_range is None:
                 self._position_range = torch.stack([lo, hi])
             else:
-                lo, hi = torch.aminmax(pos)
-                self._check_positions(int(lo), int(hi))
+                self._position_range = torch.stack([torch.minimum(lo, self._position_range[0]),
+                                                    torch.maximum(hi, self._position_range[1])])
         return pos.clamp(1, self.max_position) - 1
 
     def _raise_deferred(self) -> None:
