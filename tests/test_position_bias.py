@@ -101,7 +101,7 @@ def test_replicate_sums_equal_a_loop_over_impressions_and_draws_are_poisson_one(
     request's weight, added to its slot), and the weights' frequencies against Poisson(1)."""
     from scipy.stats import chisquare, poisson
 
-    from hybridrank.models.position import _replicate_sums, poisson_one
+    from hybridrank.models.position import poisson_one, replicate_sums
 
     rng = np.random.default_rng(0)
     n, n_req, n_slots, k = 300, 40, 7, 5
@@ -109,7 +109,7 @@ def test_replicate_sums_equal_a_loop_over_impressions_and_draws_are_poisson_one(
     slot = torch.from_numpy(rng.integers(0, n_slots, n))
     vals = torch.from_numpy(rng.random((3, n)))
     counts = poisson_one((n_req, k), torch.Generator().manual_seed(1))
-    got = _replicate_sums(vals, req * n_slots + slot, counts, n_slots)
+    got = replicate_sums(vals, req * n_slots + slot, counts, n_slots)
     want = np.zeros((3, k, n_slots))
     for i in range(n):
         for b in range(k):
@@ -154,7 +154,7 @@ def test_monotone_offsets_pool_noisy_slots():
     b_free, b_mono = np.array(free.offsets()), np.array(mono.offsets())
     assert np.all(np.diff(b_mono) <= 1e-9) and b_mono[0] == 0.0
     assert np.abs(b_mono - true).mean() < np.abs(b_free - true).mean()
-    s = mono.last
+    s = mono.last_sums                                  # clicks, expected clicks, impressions
     info = (s[1] * (s[2] - s[1]) / s[2]).numpy()
     ref = isotonic_regression(b_free, weights=info, increasing=False).x
     assert np.abs((ref - ref[0]) - b_mono).max() < 0.03
@@ -653,10 +653,10 @@ def test_pooled_intervals_are_the_hull_with_the_per_slot_ones_and_old_checkpoint
     assert np.all(width >= 0.8 * width_per_slot), (width, width_per_slot)
     assert "hull" in rep["interval"]["method"]
 
-    old = {k: v for k, v in pooled.state_dict().items() if k != "bounds"}
+    old = {k: v for k, v in pooled.state_dict().items() if k not in ("offset_lower", "offset_upper")}
     loaded = PositionBias(max_position=8, n_boot=50)
     loaded.load_state_dict(old)
-    assert bool(torch.isnan(loaded.bounds).all())
+    assert bool(torch.isnan(loaded.offset_lower).all() and torch.isnan(loaded.offset_upper).all())
     got = loaded.report()
     assert np.allclose(np.array(got["lower"][1:], dtype=float), q[0, 1:].numpy())
 
@@ -715,7 +715,7 @@ def test_old_checkpoints_without_the_level_interval_load():
     t = PositionBias(max_position=3, n_boot=20)
     _level_marked(t, r, slot, y, epochs=2)
     assert t.report()["serving_level"] is not None
-    old = {k: v for k, v in t.state_dict().items() if k != "level_bounds"}
+    old = {k: v for k, v in t.state_dict().items() if k not in ("level_lower", "level_upper")}
     loaded = PositionBias(max_position=3, n_boot=20)
     loaded.load_state_dict(old)
     assert loaded.report()["serving_level"] is None
@@ -777,3 +777,171 @@ def test_refit_on_the_kept_checkpoint_is_one_exact_step_from_its_own_logits(tmp_
     assert stopped["training"]["stopped_because"].startswith("early stopping"), stopped["training"]
     assert stopped["training"]["epochs"] > stopped["training"]["best_epoch"]
     assert stopped["position_bias"]["refit"] is True
+
+
+# --- no host round trip in a training step ------------------------------------------------------
+class _HostReads(torch.overrides.TorchFunctionMode):
+    """Records every way Python reads a tensor's value back (on an accelerator each one waits for
+    the device): ``item``, ``bool`` / ``int`` / ``float`` / ``index``, ``tolist``, ``numpy``,
+    ``cpu``, and the ops whose output shape depends on the values (``nonzero``, boolean-mask
+    indexing, ``masked_select``, ``unique``)."""
+
+    NAMES = {"item", "__bool__", "__int__", "__float__", "__index__", "tolist", "numpy", "cpu",
+             "nonzero", "argwhere", "masked_select", "unique"}
+
+    def __init__(self):
+        super().__init__()
+        self.reads = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        import traceback
+
+        name = getattr(func, "__name__", "")
+        keys = args[1] if name == "__getitem__" and isinstance(args[1], tuple) else args[1:2]
+        mask_index = name == "__getitem__" and any(
+            isinstance(k, torch.Tensor) and k.dtype == torch.bool for k in keys)
+        if name in self.NAMES or mask_index:
+            ours = [f for f in traceback.extract_stack()[:-1] if "models/position" in f.filename]
+            if ours:  # reads by the tower's code (not by the loss, logging, ...)
+                self.reads.append(f"{name} at {ours[-1].filename}:{ours[-1].lineno}")
+        return func(*args, **(kwargs or {}))
+
+
+def _as_on_an_accelerator(monkeypatch):
+    """The tower as it runs on an accelerator: it reads no tensor for free (not even on the CPU)."""
+    import hybridrank.models.position.tower as tower_module
+
+    monkeypatch.setattr(tower_module, "free_to_read", lambda t: False)
+
+
+def _step_batch(seed=0, n_req=400, size=6):
+    seen, slot, y, is_x, _ = _sorted_log(seed=seed, n_req=n_req, size=size, explore=0.2)
+    index = torch.arange(n_req * size).reshape(n_req, size)
+    return dict(position=torch.from_numpy(slot.reshape(-1) + 1), relevance=torch.from_numpy(seen.reshape(-1)),
+                label=torch.from_numpy(y.reshape(-1)), weight=torch.full((n_req * size,), 2.0),
+                request=torch.arange(n_req).repeat_interleave(size),
+                explore=torch.from_numpy(np.repeat(is_x, size)),
+                propensity=torch.full((n_req * size,), 0.5),
+                lists=(index, torch.ones(n_req, size, dtype=torch.bool)))
+
+
+def _training_step(tower, b, step):
+    """What ``HybridRanker.training_step`` asks of the tower: offsets of the logged positions, the
+    batch added to the sums, offset dropout."""
+    z = b["relevance"] + tower(b["position"])
+    tower.accumulate(b["position"], z - tower(b["position"]), b["label"], b["weight"], b["request"],
+                     step, explore=b["explore"], propensity=b["propensity"], lists=b["lists"])
+    return tower.drop_offsets(z[:, None], b["position"])
+
+
+def test_a_training_step_reads_nothing_back_and_sums_what_the_cpu_path_sums(monkeypatch):
+    """Run as on an accelerator (every batch with exploration, propensities, weights, lists, the
+    bootstrap, offset dropout active), the tower's per-step work reads no tensor value into
+    Python; its sums equal those of the CPU path (which reads CPU tensors for free), the rank
+    sums up to float rounding, and so do the offsets of the next update."""
+    seen, slot, y, is_x, _ = _sorted_log(seed=1, n_req=3000)
+    towers = []
+    for accelerator in (False, True):
+        tower = PositionBias(max_position=6, n_boot=20, dropout=0.5, dropout_when="always")
+        _feed(tower, seen, slot, y, is_x, epochs=1, use_explore=False)   # offsets to drop
+        with monkeypatch.context() as m:
+            if accelerator:
+                _as_on_an_accelerator(m)
+            with _HostReads() as guard:
+                for step in range(3):
+                    torch.manual_seed(step)
+                    _training_step(tower, _step_batch(seed=10 + step), step)
+            if accelerator:
+                assert guard.reads == [], guard.reads
+            else:  # the CPU path reads CPU tensors (free), and the guard sees it
+                assert guard.reads
+            towers.append(tower)
+    cpu, acc = towers
+    for name, buf in cpu.named_buffers():
+        if name == "epoch_diagnosis":
+            assert torch.allclose(buf, acc.get_buffer(name), rtol=1e-12, atol=0), name
+        else:
+            assert torch.equal(buf, acc.get_buffer(name)), name
+    cpu.update(), acc.update()
+    assert np.allclose(cpu.offsets(), acc.offsets(), rtol=0, atol=1e-9)
+
+
+def test_bad_input_of_an_accelerator_training_step_is_raised_by_the_update(monkeypatch):
+    """On an accelerator a training step records the checks of its input on the device and the
+    epoch's update (or a checkpoint's state_dict before it) raises them, with the same message as
+    on the CPU (which raises at once, as does evaluation anywhere)."""
+    _as_on_an_accelerator(monkeypatch)
+    b = _step_batch()
+    cases = [({}, {"position": b["position"].clone().index_fill_(0, torch.tensor([7]), 0)}, "1-based; got 0"),
+             ({"tail": "error"}, {"position": b["position"].clone().index_fill_(0, torch.tensor([7]), 9)},
+              "position 9 is past max_position=6"),
+             ({}, {"propensity": b["propensity"].clone().index_fill_(0, torch.tensor([7]), 0.0)},
+              r"propensities must lie in \(0, 1\]")]
+    for options, bad, message in cases:
+        tower = PositionBias(max_position=6, n_boot=5, **options)
+        _training_step(tower, {**b, **bad}, 0)                      # recorded, not raised
+        with pytest.raises(ValueError, match=message):
+            tower.state_dict()
+        _training_step(tower, {**b, **bad}, 1)
+        _training_step(tower, b, 2)
+        with pytest.raises(ValueError, match=message):
+            tower.update()
+        tower.update()                                              # raised once, then forgotten
+        tower.eval()
+        with pytest.raises(ValueError, match=message):             # outside training: at once
+            tower.accumulate(**{**b, **bad})
+    assert PositionBias(max_position=6, n_boot=5).update() is None   # nothing recorded, nothing fitted
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_a_cuda_training_step_does_not_synchronize():
+    """On a GPU the tower's per-step work runs under ``torch.cuda.set_sync_debug_mode("error")``
+    (any host-device synchronisation raises), and the update then gives the CPU's offsets."""
+    seen, slot, y, is_x, _ = _sorted_log(seed=1, n_req=3000)
+    cpu = PositionBias(max_position=6, n_boot=20, dropout=0.5, dropout_when="always")
+    _feed(cpu, seen, slot, y, is_x, epochs=1, use_explore=False)
+    gpu = PositionBias(max_position=6, n_boot=20, dropout=0.5, dropout_when="always")
+    gpu.load_state_dict(cpu.state_dict())
+    gpu.cuda()
+    batches = [_step_batch(seed=10 + step) for step in range(3)]
+    on_gpu = [{k: (tuple(t.cuda() for t in v) if isinstance(v, tuple) else v.cuda()) for k, v in b.items()}
+              for b in batches]
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for step, b in enumerate(on_gpu):
+            _training_step(gpu, b, step)
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    for step, b in enumerate(batches):
+        _training_step(cpu, b, step)
+    cpu.update(), gpu.update()
+    assert np.allclose(cpu.offsets(), gpu.offsets(), rtol=0, atol=1e-5)
+    assert cpu.report()["identifiability"]["estimated_from"] == gpu.report()["identifiability"]["estimated_from"]
+
+
+def test_ddp_leaves_every_rank_its_own_tower_sums(tmp_path):
+    """DDP copies rank 0's buffers over every rank's before each forward unless told not to: the
+    tower's sums would then hold rank 0's batches (twice, after the all-reduce) instead of every
+    rank's. The model hands DDP the tower's buffers to leave alone (checked on a one-process
+    gloo group: DDP's own list of buffers to broadcast)."""
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    from hybridrank.data.readers import ColumnMap
+    from hybridrank.data.schema import Schema
+
+    frame = pl.DataFrame({"r": [1, 1, 2], "y": [0.0, 1.0, 0.0], "x": [0.1, 0.2, 0.3], "position": [1, 2, 1]})
+    schema = Schema.fit(frame, ColumnMap(request="r", label="y", position="position", numeric=["x"]), 1)
+    model = HybridRanker({"_target_": "hybridrank.models.scorers.MLPScorer", "_partial_": True},
+                         {"_target_": "hybridrank.losses.HybridLoss"},
+                         position_bias={"_target_": "hybridrank.models.position.PositionBias", "n_boot": 3},
+                         data={"schema": schema.to_dict()})
+    model.scorer.register_buffer("probe", torch.zeros(1))   # a buffer DDP does broadcast
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'group'}", rank=0, world_size=1)
+    try:
+        broadcast = {id(b) for b in DistributedDataParallel(model).modules_buffers}
+    finally:
+        dist.destroy_process_group()
+    assert id(model.scorer.probe) in broadcast
+    assert not broadcast & {id(b) for b in model.position_bias.buffers()}

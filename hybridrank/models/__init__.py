@@ -1,7 +1,7 @@
 """Models: the scorers, the position-bias tower and the ``HybridRanker`` LightningModule.
 
 - ``scorers.py`` (+ ``attention.py``): MLP, linear, FM, DeepFM, DCN-v2, list-aware scorers.
-- ``position.py``: :class:`PositionBias`, a logit offset per display slot.
+- ``position/``: :class:`PositionBias`, a logit offset per display slot (estimators, module, report).
 - ``unseen.py``: unseen-value dropout, which trains the out-of-vocabulary row (pure functions).
 - ``ranker.py``: :class:`HybridRanker` (one shared step, the one scoring path ``serve``).
 """

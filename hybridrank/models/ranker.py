@@ -184,6 +184,10 @@ class HybridRanker(pl.LightningModule):
         self.position_bias = _build(args["position_bias"], "position_bias")
         if self.position_bias is not None:
             self._check_position_bias()
+            # DDP must not copy rank 0's buffers over the tower's before every step: each rank's
+            # sums are its own (the update all-reduces them), the rest every rank computes alike
+            self._ddp_params_and_buffers_to_ignore = [
+                f"position_bias.{name}" for name, _ in self.position_bias.named_buffers()]
         self.optimizer_factory = _build(args["optimizer"], "optimizer")
         self.scheduler_factory = _build(args["scheduler"], "scheduler")
         self.metric_config = dict(args["metrics"] or {})
