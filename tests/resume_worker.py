@@ -16,7 +16,8 @@ from hydra import compose, initialize_config_module
 from hybridrank.cli.train import CONF_MODULE, train
 
 OVERRIDES = ["data.source.n_users=300", "trainer.max_epochs=3", "data.budget=1024",
-             "trainer.enable_progress_bar=false", "callbacks.last_checkpoint.every_n_train_steps=4"]
+             "trainer.enable_progress_bar=false", "callbacks.last_checkpoint.train_time_interval=null",
+             "+callbacks.last_checkpoint.every_n_train_steps=4"]
 
 
 class KillAtStep(pl.Callback):

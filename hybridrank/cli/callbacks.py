@@ -7,6 +7,7 @@
   turns the bar off there).
 - :class:`EpochCheckpoint`: Lightning's ``ModelCheckpoint`` with 1-based epochs in file names
   (``epoch01.ckpt`` is the first epoch, as in the log lines).
+- :class:`LastCheckpoint`: ``last.ckpt`` by the clock, without a collective per step under DDP.
 - :class:`EpochProgressBar`: Lightning's progress bar, counting epochs from 1.
 - :class:`ValHistory`: every epoch's validation metrics, kept in the checkpoints, so that
   ``metrics.json`` reports the epoch of the checkpoint the run keeps, across resumes too.
@@ -29,7 +30,7 @@ from pytorch_lightning.loggers import CSVLogger
 from pytorch_lightning.loggers.csv_logs import ExperimentWriter
 from pytorch_lightning.loggers.logger import rank_zero_experiment
 
-__all__ = ["EpochLog", "EpochCheckpoint", "EpochProgressBar", "ValHistory", "CSVHistoryLogger"]
+__all__ = ["EpochLog", "EpochCheckpoint", "LastCheckpoint", "EpochProgressBar", "ValHistory", "CSVHistoryLogger"]
 
 log = logging.getLogger("hybridrank")
 
@@ -72,6 +73,36 @@ class EpochCheckpoint(ModelCheckpoint):
         if "epoch" in metrics:
             metrics = {**metrics, "epoch": metrics["epoch"] + 1}
         return super().format_checkpoint_name(metrics, filename, ver, prefix)
+
+
+class LastCheckpoint(ModelCheckpoint):
+    """``ModelCheckpoint`` for ``last.ckpt`` (crash-safe resume) that reads the clock only every
+    ``check_every_n_steps`` optimizer steps.
+
+    With ``train_time_interval`` Lightning's own callback reads the clock after every batch and,
+    under DDP, broadcasts rank 0's decision: a collective per step. Here the clock is read (and the
+    decision broadcast) at every ``check_every_n_steps``-th step only; a checkpoint is then at most
+    ``train_time_interval`` plus that many steps old. Step-based saving (``every_n_train_steps``)
+    and the saves at the end of an epoch are Lightning's, unchanged.
+
+    Args:
+        check_every_n_steps: steps between two looks at the clock (used with
+            ``train_time_interval`` only).
+        **kwargs: as :class:`~pytorch_lightning.callbacks.ModelCheckpoint`.
+    """
+
+    def __init__(self, *, check_every_n_steps: int = 20, **kwargs: Any):
+        if check_every_n_steps < 1:
+            raise ValueError(f"check_every_n_steps must be >= 1, got {check_every_n_steps}")
+        super().__init__(**kwargs)
+        self.check_every_n_steps = int(check_every_n_steps)
+        self.timed = kwargs.get("train_time_interval") is not None
+
+    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any,
+                           batch: Any, batch_idx: int) -> None:
+        if self.timed and trainer.global_step % self.check_every_n_steps:
+            return
+        super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
 
 
 class ValHistory(pl.Callback):
