@@ -231,3 +231,14 @@ def test_import_circle_check_finds_lazy_and_relative_circles(tmp_path):
     assert _import_cycles(graph) == [["pkg.a", "pkg.b", "pkg.sub.c", "pkg.a"], ["pkg.d", "pkg.e", "pkg.d"]]
     assert _describe(["pkg.d", "pkg.e", "pkg.d"], graph) == \
         "pkg.d -> pkg.e -> pkg.d  (pkg/d.py:3, pkg/e.py:1)"
+
+
+def test_every_package_ships_in_the_wheel():
+    """A package directory missing from pyproject's explicit ``packages`` list is left out of a
+    regular (non-editable) install, which then fails at its first import."""
+    import tomllib
+
+    listed = set(tomllib.loads((PKG.parent / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    found = {_module_name(p) for p in PKG.rglob("__init__.py")} | {"hybridrank.conf"}
+    assert found - listed == set(), f"packages missing from pyproject.toml: {sorted(found - listed)}"
+    assert listed - found == set(), f"pyproject.toml lists packages that do not exist: {sorted(listed - found)}"

@@ -13,15 +13,16 @@ about whatever the offsets absorbed, which is no evidence about the position eff
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from hybridrank.models.position.diagnosis import RankDiagnosis, Traffic, rank_evidence
 from hybridrank.models.position.estimators import SlotSums, percentile_interval
 
-if TYPE_CHECKING:
-    from hybridrank.models.position.tower import PositionBias
+#: what these functions read: a :class:`~hybridrank.models.position.tower.PositionBias` (typed as
+#: its base class: the tower imports this module, and an import back would close a circle)
+PositionBias = torch.nn.Module
 
 __all__ = ["MIN_IDENTIFYING_CLICKS", "PRECISE_HALF_WIDTH", "PRECISION_SLOTS", "identifiability",
            "level_interval", "report"]
