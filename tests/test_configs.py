@@ -163,7 +163,10 @@ def test_callback_options(name, compose_cfg):
     cbs = [hydra.utils.instantiate(c) for c in (cfg.get("callbacks") or {}).values()]
     assert all(isinstance(c, pl.Callback) for c in cbs)
     if name == "default":
-        assert {type(c).__name__ for c in cbs} >= {"ModelCheckpoint", "EarlyStopping", "EpochLog"}
+        assert {type(c).__name__ for c in cbs} >= {"EpochCheckpoint", "LastCheckpoint", "EarlyStopping",
+                                                   "EpochLog"}
+        last = next(c for c in cbs if type(c).__name__ == "LastCheckpoint")
+        assert last.save_last and last.timed  # last.ckpt by the clock, read every few steps
 
 
 @pytest.mark.parametrize("name", options("logger"))
