@@ -246,7 +246,9 @@ class ListDataModule(pl.LightningDataModule):
                     f"workers (data.num_workers={self.num_workers}) cannot do: set "
                     f"data.num_workers=0, or data.device_batches=auto")
             return None
-        if self.device_batches == "auto" and device.type == "cuda" and self.source.one_chunk:
+        resident = any(key[1] == split and key[2] == str(device) for key in self._resident)
+        if (self.device_batches == "auto" and device.type == "cuda" and self.source.one_chunk
+                and not resident):  # once there, a split stays (its own size is not free)
             data = self.source.read_chunk(self.source.layout()[0], split)
             free = torch.cuda.mem_get_info(device)[0]
             if data is not None and data.nbytes > free // 2:
