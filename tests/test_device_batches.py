@@ -371,6 +371,26 @@ def test_the_device_path_on_the_cpu_and_prefetch_give_the_host_batches(n_parts):
     assert not prefetch_threads()
 
 
+@pytest.mark.parametrize("n_parts", [1, 5])
+def test_the_device_path_lays_out_the_host_batches_on_a_fake_device(n_parts):
+    """Chunks copied to the ``meta`` device (a device whose tensors hold no values, so any read
+    back would fail): every batch is built there, with the shapes and dtypes of the host batch."""
+    parts = random_parts(n_parts, seed=6)
+    want = list(BatchStream(Chunks(parts), **STREAM))
+    resident: dict = {}
+    for _ in range(2):  # a second epoch reuses the one-chunk copy
+        got = list(BatchStream(Chunks(parts), device="meta", resident=resident, **STREAM))
+        assert len(got) == len(want)
+        for a, b in zip(got, want):
+            for name in BATCH_FIELDS:
+                x, y = getattr(a, name), getattr(b, name)
+                assert (x is None) == (y is None), name
+                if x is not None:
+                    assert x.device.type == "meta" and (x.shape, x.dtype) == (y.shape, y.dtype)
+    assert len(resident) == (n_parts == 1)  # streamed chunks are not kept
+    assert not prefetch_threads()
+
+
 def test_a_reader_error_surfaces_with_its_message_and_no_thread_is_left():
     parts = random_parts(4, seed=1)
     src = Chunks(parts, fail_at=2)

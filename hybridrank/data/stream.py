@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import replace
@@ -31,6 +32,19 @@ log = logging.getLogger(__name__)
 
 #: The name of the thread that reads a streamed source's next chunk (tests look for it).
 PREFETCH_THREAD = "hybridrank-chunk-prefetch"
+
+# One chunk read at a time in this process: a prefetch still in flight when Lightning stops the
+# training epoch early must not overlap the validation reads of the same source (a source keeps
+# counters, e.g. its out-of-vocabulary counts, that a concurrent read could garble).
+_READS = threading.Lock()
+
+
+def _fresh_lock_after_fork() -> None:  # a loader worker forked while a read held the lock
+    global _READS
+    _READS = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_fresh_lock_after_fork)
 
 
 def chunk_seed(seed: int, chunk: int) -> int:
@@ -248,7 +262,8 @@ class BatchStream(IterableDataset):
         device, split, side = self.device, self.split, []
 
         def load(chunk) -> tuple | None:
-            data = self.source.read_chunk(chunk, split)
+            with _READS:
+                data = self.source.read_chunk(chunk, split)
             if data is None:
                 return None
             if device is None:
