@@ -76,6 +76,44 @@ class ListData:
         """``[N]`` request index of every impression."""
         return torch.repeat_interleave(torch.arange(self.n_requests), self.lengths)
 
+    def tensors(self) -> dict[str, torch.Tensor]:
+        """Every tensor of the split by field name (``scope`` ones as ``scope.<name>``)."""
+        out = {f.name: v for f in fields(self) for v in [getattr(self, f.name)]
+               if isinstance(v, torch.Tensor)}
+        out.update({f"scope.{k}": v for k, v in self.scope.items()})
+        return out
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of its tensors: what a copy of the split on a device costs (keys left out)."""
+        return sum(t.numel() * t.element_size() for t in self.tensors().values())
+
+    @property
+    def device(self) -> torch.device:
+        """Where its impressions live (the device of ``label``)."""
+        return self.label.device
+
+    def _map(self, fn) -> ListData:
+        moved = {f.name: fn(v) for f in fields(self) for v in [getattr(self, f.name)]
+                 if isinstance(v, torch.Tensor)}
+        return replace(self, **moved, scope={k: fn(v) for k, v in self.scope.items()})
+
+    def to(self, device: torch.device | str, *, non_blocking: bool = False) -> ListData:
+        """The split with every tensor on ``device`` (a tensor already there is kept, not copied;
+        the request / item keys stay where they are).
+
+        >>> d = ListData(num=torch.zeros(3, 1), cat=torch.zeros(3, 0, dtype=torch.long),
+        ...              label=torch.ones(3), offsets=torch.tensor([0, 3]))
+        >>> d.to("cpu").num is d.num, d.to("meta").label.device.type
+        (True, 'meta')
+        """
+        return self._map(lambda t: t.to(device, non_blocking=non_blocking))
+
+    def pin_memory(self) -> ListData:
+        """The split with its tensors in page-locked host memory, so that ``to(cuda,
+        non_blocking=True)`` copies run asynchronously (needs CUDA)."""
+        return self._map(lambda t: t.pin_memory())
+
     def chunks(self, max_rows: int):
         """Yield consecutive pieces of whole requests of at most ``max_rows`` impressions each
         (a longer request is a piece of its own), as :func:`slice_requests` views."""
@@ -136,7 +174,8 @@ def lengths_to_offsets(lengths: torch.Tensor) -> torch.Tensor:
 def pad_index(lengths: torch.Tensor, max_len: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Padded ``[G, L]`` index into a flat array laid out list after list, plus its mask.
 
-    Vectorised: no Python loop over lists.
+    Vectorised: no Python loop over lists. With ``max_len`` given it reads no value back from
+    the device (the width is a host int), so it runs asynchronously on an accelerator.
 
     >>> idx, m = pad_index(torch.tensor([2, 0, 3]))
     >>> idx.tolist(), m.tolist()
@@ -147,7 +186,8 @@ def pad_index(lengths: torch.Tensor, max_len: int | None = None) -> tuple[torch.
     starts = lengths_to_offsets(lengths)[:-1]
     ar = torch.arange(width, device=lengths.device)
     mask = ar.unsqueeze(0) < lengths.unsqueeze(1)
-    index = torch.where(mask, starts.unsqueeze(1) + ar.unsqueeze(0), torch.zeros((), dtype=torch.long))
+    index = torch.where(mask, starts.unsqueeze(1) + ar.unsqueeze(0),
+                        torch.zeros((), dtype=torch.long, device=lengths.device))
     return index, mask
 
 

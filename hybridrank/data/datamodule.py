@@ -3,12 +3,14 @@ Source` and the one batch builder (:class:`~hybridrank.data.stream.BatchStream`)
 
 from __future__ import annotations
 
+import logging
 import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
 import pytorch_lightning as pl
+import torch
 from torch.utils.data import DataLoader
 
 from hybridrank.data.sampler import POOLING_SCOPES, negative_counts
@@ -17,7 +19,12 @@ from hybridrank.data.splits import SPLITS
 from hybridrank.data.stream import BatchStream
 from hybridrank.lists import ListData
 
-__all__ = ["ListDataModule", "ResumableLoader"]
+__all__ = ["ListDataModule", "ResumableLoader", "DEVICE_BATCHES"]
+
+log = logging.getLogger(__name__)
+
+#: Values of ``data.device_batches``: where batches are built when training on an accelerator.
+DEVICE_BATCHES = ("auto", True, False)
 
 # BatchStream's __len__ is this rank's exact batch count and loader workers build disjoint batches
 # of it, so Lightning's generic warning about an IterableDataset with __len__ does not apply.
@@ -91,14 +98,27 @@ class ListDataModule(pl.LightningDataModule):
         shuffle: shuffle units (and chunks) each epoch.
         seed: sampler seed.
         num_workers: DataLoader workers (0 is usually fastest in memory: batches are tensor
-            gathers; a streamed log may read the next chunks in workers).
+            gathers; a streamed log reads its next chunk in a thread anyway, ``prefetch``).
+        device_batches: build batches on the training device (``device``): ``"auto"`` (default)
+            when training on an accelerator with ``num_workers=0`` and, on CUDA, a one-chunk split
+            taking at most half the free device memory; ``True`` always (an error with loader
+            workers); ``False`` never (batches built on the host, copied to the device every
+            step). On the device, each split of an in-memory source is copied there once and stays
+            for the run: it costs its size (:attr:`ListData.nbytes`, logged) in device memory; a
+            streamed log holds one chunk there, two while the next is prefetched. The batches are
+            exactly those built on the host (:class:`~hybridrank.data.stream.BatchStream`).
+        device: where batches are built when ``device_batches`` allows (None: the trainer's root
+            device, the CPU without a trainer).
+        prefetch: a streamed log reads (and copies) its next chunk in a background thread while
+            the current one trains; two chunks are then in memory.
     """
 
     def __init__(self, source: Source | None = None, *, splits: Splits | None = None,
                  budget: int = 4096, scope: str = "request", window: float | None = None,
                  max_unit_size: int | None = 512, reweight_negatives: bool = True,
                  eval_budget: int = 16384, shuffle: bool = True, seed: int = 0,
-                 num_workers: int = 0):
+                 num_workers: int = 0, device_batches: str | bool = "auto",
+                 device: torch.device | str | None = None, prefetch: bool = True):
         super().__init__()
         if (source is None) == (splits is None):
             raise ValueError("ListDataModule needs exactly one of source= and splits=")
@@ -117,7 +137,17 @@ class ListDataModule(pl.LightningDataModule):
         self.max_unit_size = None if max_unit_size is None else min(int(max_unit_size), self.budget)
         self.reweight_negatives = bool(reweight_negatives)
         self.eval_budget, self.shuffle, self.seed = int(eval_budget), shuffle, int(seed)
+        if isinstance(device_batches, str):
+            device_batches = {"true": True, "false": False}.get(device_batches.lower(),
+                                                                device_batches.lower())
+        if not (device_batches == "auto" or isinstance(device_batches, bool)):
+            raise ValueError(f"data.device_batches must be auto, true or false, got "
+                             f"{device_batches!r}")
         self.num_workers = num_workers
+        self.device_batches = device_batches
+        self.device = None if device is None else torch.device(device)
+        self.prefetch = bool(prefetch)
+        self._resident: dict = {}  # device copies of one-chunk splits, kept for the run
         self._model_data: dict[str, Any] | None = None
         self._value_counts: dict[str, np.ndarray] | None = None
         if splits is not None:  # fail now, not in the middle of the first epoch
@@ -197,17 +227,57 @@ class ListDataModule(pl.LightningDataModule):
             return 1, 0
         return trainer.world_size, trainer.global_rank
 
+    def batch_device(self, split: str = "train") -> torch.device | None:
+        """Where the batches of ``split`` are built (None: on the host, and Lightning copies them
+        to the training device): ``device`` (default the trainer's root device) as
+        ``device_batches`` allows (see the class docstring)."""
+        if self.device_batches is False:
+            return None
+        device = self.device
+        if device is None:
+            trainer = self.trainer
+            device = trainer.strategy.root_device if trainer is not None else torch.device("cpu")
+        if device.type == "cpu":
+            return device
+        if self.num_workers:
+            if self.device_batches is True:
+                raise ValueError(
+                    f"data.device_batches=true builds batches on {device}, which DataLoader "
+                    f"workers (data.num_workers={self.num_workers}) cannot do: set "
+                    f"data.num_workers=0, or data.device_batches=auto")
+            return None
+        resident = any(key[1] == split and key[2] == str(device) for key in self._resident)
+        if (self.device_batches == "auto" and device.type == "cuda" and self.source.one_chunk
+                and not resident):  # once there, a split stays (its own size is not free)
+            data = self.source.read_chunk(self.source.layout()[0], split)
+            free = torch.cuda.mem_get_info(device)[0]
+            if data is not None and data.nbytes > free // 2:
+                log.info("data: the %s split (%.1f MB) takes more than half the free memory of "
+                         "%s (%.1f MB): its batches are built on the host", split,
+                         data.nbytes / 2**20, device, free / 2**20)
+                return None
+        return device
+
+    def teardown(self, stage: str) -> None:
+        """Frees the device copies of the splits."""
+        self._resident.clear()
+
+    def _stream(self, split: str, **kwargs) -> BatchStream:
+        world, rank = self._world()
+        return BatchStream(self.source, split=split, num_replicas=world, rank=rank,
+                           device=self.batch_device(split), prefetch=self.prefetch,
+                           resident=self._resident, **kwargs)
+
     def _epoch(self) -> int:
         return self.trainer.current_epoch if self.trainer is not None else 0
 
     def train_stream(self, epoch: int = 0) -> BatchStream:
         """The training batches of ``epoch`` for this process."""
         self.model_data()
-        world, rank = self._world()
-        stream = BatchStream(self.source, split="train", budget=self.budget, scope=self.scope,
-                             window=self.window, max_unit_size=self.max_unit_size,
-                             reweight_negatives=self.reweight_negatives, shuffle=self.shuffle,
-                             seed=self.seed, num_replicas=world, rank=rank)
+        stream = self._stream("train", budget=self.budget, scope=self.scope, window=self.window,
+                              max_unit_size=self.max_unit_size,
+                              reweight_negatives=self.reweight_negatives, shuffle=self.shuffle,
+                              seed=self.seed)
         stream.set_epoch(epoch)
         if self.source.one_chunk:
             len(stream)  # plan the epoch now: packing errors surface before the first batch
@@ -225,10 +295,9 @@ class ListDataModule(pl.LightningDataModule):
 
     def eval_dataloader(self, split: str) -> DataLoader:
         self.model_data()
-        world, rank = self._world()
-        stream = BatchStream(self.source, split=split, budget=self.eval_budget, scope="request",
-                             max_unit_size=None, shuffle=False, seed=self.seed, fit_longest=True,
-                             num_replicas=world, rank=rank, equal_batches=False)
+        stream = self._stream(split, budget=self.eval_budget, scope="request", max_unit_size=None,
+                              shuffle=False, seed=self.seed, fit_longest=True,
+                              equal_batches=False)
         stream.set_epoch(0)
         return DataLoader(stream, batch_size=None, collate_fn=_identity,
                           num_workers=self.num_workers)
