@@ -22,7 +22,6 @@ import torch
 from torch import nn
 
 import hybridrank._device as _device
-
 from hybridrank.models.position import report as _report
 from hybridrank.models.position.bootstrap import replicate_sums, request_weights
 from hybridrank.models.position.diagnosis import RankDiagnosis, Traffic, rank_evidence, within_request_rank_correlation
