@@ -64,7 +64,10 @@ def build_trainer(cfg: DictConfig) -> pl.Trainer:
     if bar == "auto":
         bar = extra["enable_progress_bar"] = sys.stderr.isatty()
     if bar and not any(isinstance(c, pl.callbacks.ProgressBar) for c in callbacks):
-        callbacks.append(EpochProgressBar())  # epochs counted from 1, as everywhere else
+        # epochs counted from 1, as everywhere else; the bar reads the logged losses (a device
+        # read each) when it refreshes: as often as they are logged, not every step
+        every = max(int(cfg.trainer.get("log_every_n_steps") or 1), 1)
+        callbacks.append(EpochProgressBar(refresh_rate=every))
     return hydra.utils.instantiate(cfg.trainer, callbacks=callbacks, logger=logger, **extra)
 
 
@@ -97,6 +100,7 @@ def train(cfg: DictConfig, *, splits=None) -> dict[str, Any]:
     """
     t0 = time.perf_counter()
     warn_deprecated_names(cfg)
+    check_devices(cfg.trainer)
     out_dir = Path(cfg.paths.output_dir)
     ckpt_path = resume_checkpoint(cfg, out_dir)
     if cfg.get("resume") and (done := finished_result(out_dir)) is not None:
@@ -159,6 +163,50 @@ def train(cfg: DictConfig, *, splits=None) -> dict[str, Any]:
 
 
 RESUME_CONFIG = "resume_config.yaml"
+
+
+def machine_devices() -> str:
+    """What this machine offers for training, in words (for error messages)."""
+    import os
+
+    if torch.cuda.is_available():
+        names = sorted({torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())})
+        gpus = f"{torch.cuda.device_count()} CUDA GPU(s): {', '.join(names)}"
+    elif torch.version.cuda is None:
+        gpus = f"no CUDA GPU (torch {torch.__version__} is a CPU-only build)"
+    else:
+        gpus = f"no CUDA GPU visible (torch {torch.__version__} built with CUDA {torch.version.cuda})"
+    return f"{gpus}; {os.cpu_count()} CPU core(s)"
+
+
+def check_devices(node: Any) -> None:
+    """One line naming what the machine has and the fix when the trainer asks for GPUs it does
+    not have, before anything is read or written (Lightning's own error is a long traceback,
+    after the run folder exists)."""
+    accelerator = str(node.get("accelerator", "auto")).lower()
+    if accelerator not in ("gpu", "cuda"):
+        return
+    have = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if have == 0:
+        raise ValueError(f"trainer.accelerator={accelerator} asks for a CUDA GPU, but this machine has "
+                         f"{machine_devices()}: train on the CPU (trainer=cpu, the default) or run "
+                         f"on a machine with a GPU")
+    devices = node.get("devices", "auto")
+    if isinstance(devices, int) and not isinstance(devices, bool):
+        want = have if devices == -1 else devices
+    elif isinstance(devices, str) and devices.strip().lstrip("-").isdigit():
+        want = have if int(devices) == -1 else int(devices)
+    elif isinstance(devices, (list, tuple)) or type(devices).__name__ == "ListConfig":
+        ids = [int(i) for i in devices]
+        if any(i >= have or i < 0 for i in ids):
+            raise ValueError(f"trainer.devices={ids} names GPU ids this machine does not have "
+                             f"({machine_devices()}): use ids 0..{have - 1}")
+        return
+    else:
+        return  # "auto": Lightning takes what there is
+    if want > have:
+        raise ValueError(f"trainer.devices={devices} asks for {want} GPUs, but this machine has "
+                         f"{machine_devices()}: set trainer.devices={have} (or fewer)")
 
 
 def refit_position_bias(trainer: pl.Trainer, model: HybridRanker, datamodule, best: str | None) -> bool:
