@@ -16,7 +16,7 @@ PKG = Path(__file__).resolve().parents[1] / "hybridrank"
 
 #: lower number = lower layer; a module imports only its own layer's package and lower layers
 LAYERS = {
-    "lists": 0, "_dcg": 0, "atomic": 0, "_lazy": 0,
+    "lists": 0, "_dcg": 0, "atomic": 0, "_lazy": 0, "_device": 0,
     "conf": 0,  # the configs (conf/, installed as hybridrank.conf) and their data-folder resolver
     "data": 1, "losses": 1,
     "metrics": 2,

@@ -304,3 +304,26 @@ def test_export_column_overrides_compose(compose_cfg):
     cfg = compose_cfg("export", "checkpoint=x.ckpt", "columns={bid: bid_usd, label: null}")
     assert dict(cfg.columns) == {"bid": "bid_usd", "label": None}
     assert compose_cfg("export", "checkpoint=x.ckpt").columns is None
+
+
+def test_gpu_trainer_without_a_gpu_is_one_line_and_leaves_no_folder(run_cli, tmp_path, monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    code, _, err = run_cli("hybridrank-train", "trainer=gpu", "hydra.run.dir=gpu_run")
+    _one_message("hybridrank-train", code, err, "asks for a CUDA GPU", "no CUDA GPU", "CPU core",
+                 "trainer=cpu")
+    assert not (tmp_path / "gpu_run").exists()
+
+
+@pytest.mark.parametrize("devices, fix", [(4, "trainer.devices=2"), ("[0,3]", "ids 0..1")])
+def test_more_gpus_than_the_machine_has_is_one_line(run_cli, tmp_path, monkeypatch, devices, fix):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda i=0: "Fake GPU")
+    code, _, err = run_cli("hybridrank-train", "trainer=gpu", f"trainer.devices={devices}",
+                           "hydra.run.dir=gpu_run")
+    _one_message("hybridrank-train", code, err, "2 CUDA GPU(s): Fake GPU", fix)
+    assert not (tmp_path / "gpu_run").exists()

@@ -7,6 +7,7 @@ import numpy as np
 import polars as pl
 import pytest
 import torch
+from host_reads import HostReads
 
 from hybridrank.losses import HybridLoss
 from hybridrank.models.position import PositionBias
@@ -780,38 +781,11 @@ def test_refit_on_the_kept_checkpoint_is_one_exact_step_from_its_own_logits(tmp_
 
 
 # --- no host round trip in a training step ------------------------------------------------------
-class _HostReads(torch.overrides.TorchFunctionMode):
-    """Records every way Python reads a tensor's value back (on an accelerator each one waits for
-    the device): ``item``, ``bool`` / ``int`` / ``float`` / ``index``, ``tolist``, ``numpy``,
-    ``cpu``, and the ops whose output shape depends on the values (``nonzero``, boolean-mask
-    indexing, ``masked_select``, ``unique``)."""
-
-    NAMES = {"item", "__bool__", "__int__", "__float__", "__index__", "tolist", "numpy", "cpu",
-             "nonzero", "argwhere", "masked_select", "unique"}
-
-    def __init__(self):
-        super().__init__()
-        self.reads = []
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        import traceback
-
-        name = getattr(func, "__name__", "")
-        keys = args[1] if name == "__getitem__" and isinstance(args[1], tuple) else args[1:2]
-        mask_index = name == "__getitem__" and any(
-            isinstance(k, torch.Tensor) and k.dtype == torch.bool for k in keys)
-        if name in self.NAMES or mask_index:
-            ours = [f for f in traceback.extract_stack()[:-1] if "models/position" in f.filename]
-            if ours:  # reads by the tower's code (not by the loss, logging, ...)
-                self.reads.append(f"{name} at {ours[-1].filename}:{ours[-1].lineno}")
-        return func(*args, **(kwargs or {}))
-
-
 def _as_on_an_accelerator(monkeypatch):
     """The tower as it runs on an accelerator: it reads no tensor for free (not even on the CPU)."""
-    import hybridrank.models.position.tower as tower_module
+    import hybridrank._device
 
-    monkeypatch.setattr(tower_module, "free_to_read", lambda t: False)
+    monkeypatch.setattr(hybridrank._device, "free_to_read", lambda t: False)
 
 
 def _step_batch(seed=0, n_req=400, size=6):
@@ -847,7 +821,7 @@ def test_a_training_step_reads_nothing_back_and_sums_what_the_cpu_path_sums(monk
         with monkeypatch.context() as m:
             if accelerator:
                 _as_on_an_accelerator(m)
-            with _HostReads() as guard:
+            with HostReads(where="models/position") as guard:
                 for step in range(3):
                     torch.manual_seed(step)
                     _training_step(tower, _step_batch(seed=10 + step), step)

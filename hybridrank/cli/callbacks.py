@@ -9,6 +9,7 @@
   (``epoch01.ckpt`` is the first epoch, as in the log lines).
 - :class:`LastCheckpoint`: ``last.ckpt`` by the clock, without a collective per step under DDP.
 - :class:`EpochProgressBar`: Lightning's progress bar, counting epochs from 1.
+- :class:`RunClock`: seconds in training batches and in validation.
 - :class:`ValHistory`: every epoch's validation metrics, kept in the checkpoints, so that
   ``metrics.json`` reports the epoch of the checkpoint the run keeps, across resumes too.
 - :class:`CSVHistoryLogger`: Lightning's ``CSVLogger`` whose ``metrics.csv`` survives a resume.
@@ -30,7 +31,8 @@ from pytorch_lightning.loggers import CSVLogger
 from pytorch_lightning.loggers.csv_logs import ExperimentWriter
 from pytorch_lightning.loggers.logger import rank_zero_experiment
 
-__all__ = ["EpochLog", "EpochCheckpoint", "LastCheckpoint", "EpochProgressBar", "ValHistory", "CSVHistoryLogger"]
+__all__ = ["EpochLog", "EpochCheckpoint", "LastCheckpoint", "RunClock", "EpochProgressBar", "ValHistory",
+           "CSVHistoryLogger"]
 
 log = logging.getLogger("hybridrank")
 
@@ -103,6 +105,38 @@ class LastCheckpoint(ModelCheckpoint):
         if self.timed and trainer.global_step % self.check_every_n_steps:
             return
         super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
+
+
+class RunClock(pl.Callback):
+    """Seconds a fit spends in training batches and in validation (``train_seconds``,
+    ``val_seconds``): Lightning runs an epoch's validation inside the training epoch, so the
+    training time is each epoch's span less its validation. What ``hybridrank-train``'s time line
+    and ``metrics.json`` (``time``) report."""
+
+    def __init__(self):
+        self.train_seconds = self.val_seconds = 0.0
+        self._epoch_t0 = self._val_t0 = None
+
+    def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._epoch_t0 = time.perf_counter()
+        self._val_in_epoch = 0.0
+
+    def on_validation_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if trainer.state.fn == "fit" and not trainer.sanity_checking:
+            self._val_t0 = time.perf_counter()
+
+    def on_validation_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self._val_t0 is not None:
+            spent = time.perf_counter() - self._val_t0
+            self.val_seconds += spent
+            if self._epoch_t0 is not None:
+                self._val_in_epoch += spent
+            self._val_t0 = None
+
+    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self._epoch_t0 is not None:
+            self.train_seconds += time.perf_counter() - self._epoch_t0 - self._val_in_epoch
+            self._epoch_t0 = None
 
 
 class ValHistory(pl.Callback):

@@ -6,6 +6,7 @@ import json
 import logging
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from hybridrank.atomic import write_json, write_text
 from hybridrank.cli._app import cli_errors, drop_adverts, hydra_job, quiet_third_party
-from hybridrank.cli.callbacks import CSVHistoryLogger, EpochProgressBar, ValHistory
+from hybridrank.cli.callbacks import CSVHistoryLogger, EpochProgressBar, RunClock, ValHistory
 from hybridrank.evaluation.figures import CHUNK_ROWS, TABLE_COLUMNS, final_figures
 from hybridrank.evaluation.tables import format_offsets, format_table
 from hybridrank.models.ranker import HybridRanker
@@ -58,13 +59,17 @@ def build_trainer(cfg: DictConfig) -> pl.Trainer:
     drop_adverts()  # Lightning's "💡 Tip" lines on every Trainer
     callbacks = [hydra.utils.instantiate(c) for c in (cfg.get("callbacks") or {}).values()]
     callbacks.append(ValHistory())
+    callbacks.append(RunClock())
     logger = hydra.utils.instantiate(cfg.logger) if cfg.get("logger") else False
     extra = {}
     bar = cfg.trainer.get("enable_progress_bar", True)
     if bar == "auto":
         bar = extra["enable_progress_bar"] = sys.stderr.isatty()
     if bar and not any(isinstance(c, pl.callbacks.ProgressBar) for c in callbacks):
-        callbacks.append(EpochProgressBar())  # epochs counted from 1, as everywhere else
+        # epochs counted from 1, as everywhere else; the bar reads the logged losses (a device
+        # read each) when it refreshes: as often as they are logged, not every step
+        every = max(int(cfg.trainer.get("log_every_n_steps") or 1), 1)
+        callbacks.append(EpochProgressBar(refresh_rate=every))
     return hydra.utils.instantiate(cfg.trainer, callbacks=callbacks, logger=logger, **extra)
 
 
@@ -96,7 +101,9 @@ def train(cfg: DictConfig, *, splits=None) -> dict[str, Any]:
     metrics without training (``already_finished: True``).
     """
     t0 = time.perf_counter()
+    clock: dict[str, float] = {}  # where the time went: read, fit, evaluate, intervals
     warn_deprecated_names(cfg)
+    check_devices(cfg.trainer)
     out_dir = Path(cfg.paths.output_dir)
     ckpt_path = resume_checkpoint(cfg, out_dir)
     if cfg.get("resume") and (done := finished_result(out_dir)) is not None:
@@ -105,6 +112,7 @@ def train(cfg: DictConfig, *, splits=None) -> dict[str, Any]:
     pl.seed_everything(int(cfg.seed), workers=True, verbose=False)
     datamodule = build_datamodule(cfg, splits)
     model = build_model(cfg, datamodule)  # loads the data: bad data fails before any output
+    clock["read"] = time.perf_counter() - t0
     out_dir.mkdir(parents=True, exist_ok=True)
     if ckpt_path is None:
         # the config that `hybridrank-resume RUN_DIR` reads back (interpolations kept)
@@ -129,17 +137,28 @@ def train(cfg: DictConfig, *, splits=None) -> dict[str, Any]:
         "fit_seconds": fit_seconds,
         "unseen_dropout": model.unseen_report or {},
     }
+    run_clock = next(c for c in trainer.callbacks if isinstance(c, RunClock))
+    clock.update(fit=fit_seconds, training=run_clock.train_seconds, validation=run_clock.val_seconds)
+    t_eval = time.perf_counter()
     refit_position_bias(trainer, model, datamodule, best)
     if cfg.get("test_after_fit", True):
-        tested = trainer.test(model, datamodule=datamodule, ckpt_path=best, verbose=False)
-        result["test"] = {k: float(v) for k, v in tested[0].items()}  # streaming (every rank)
+        if trainer.world_size > 1:
+            # every rank reports streaming test metrics (rank 0's are replaced by the final
+            # figures below); trainer.test restores the kept weights on every rank
+            tested = trainer.test(model, datamodule=datamodule, ckpt_path=best, verbose=False)
+            result["test"] = {k: float(v) for k, v in tested[0].items()}
+        elif best is not None:
+            # one process: the final figures below are the test figures; a trainer.test pass
+            # would score the test split a second time only to be replaced by them
+            model.load_state_dict(checkpoint_state(best)["state_dict"])
         if trainer.is_global_zero:
-            # trainer.test restored the best weights into `model`; the final figures and their
-            # intervals come from one set of per-request statistics of the test split
+            # the final figures and their intervals come from one set of per-request
+            # statistics of the test split
             result.update(final_figures(model, datamodule.eval_chunks("test", CHUNK_ROWS),
-                                        **(cfg.get("intervals") or {})))
+                                        clock=clock, **(cfg.get("intervals") or {})))
             result["level_trend"] = training_level_trend(model, datamodule)
-    if model.position_bias is not None:  # the best checkpoint's offsets (restored by trainer.test)
+    clock["evaluate"] = time.perf_counter() - t_eval - clock.get("intervals", 0.0)
+    if model.position_bias is not None:  # the best checkpoint's offsets (restored above)
         if best is not None and not cfg.get("test_after_fit", True):
             model = HybridRanker.load_from_checkpoint(best, weights_only=True)
         result["position_bias"] = model.position_bias.report()
@@ -151,6 +170,8 @@ def train(cfg: DictConfig, *, splits=None) -> dict[str, Any]:
                              f"{sorted(result.get(stage, {}))}")
         result["optimized_metric"] = result[stage][name]
     result["seconds"] = time.perf_counter() - t0
+    result["time"] = {k: clock[k] for k in ("read", "fit", "training", "validation", "evaluate",
+                                            "intervals") if k in clock}
     result["is_global_zero"] = trainer.is_global_zero
     if trainer.is_global_zero:
         write_json(out_dir / "metrics.json", result)
@@ -159,6 +180,71 @@ def train(cfg: DictConfig, *, splits=None) -> dict[str, Any]:
 
 
 RESUME_CONFIG = "resume_config.yaml"
+
+
+def time_line(result: Mapping[str, Any]) -> str:
+    """Where a run's wall time went, in one line: reading the data (and fitting the schema),
+    the fit (training batches, validation, the rest: setup, checkpoints), evaluating the kept
+    model on the test split (with the position tower's refit and the level trend), and the
+    bootstrap intervals.
+
+    >>> time_line({"seconds": 10.0, "time": {"read": 1.0, "fit": 7.0, "training": 5.5,
+    ...            "validation": 1.0, "evaluate": 1.5, "intervals": 0.5}})
+    'wall time: 10.0 s = read 1.0 + fit 7.0 (training 5.5, validation 1.0) + evaluate 1.5 + intervals 0.5 s'
+    """
+    t = result.get("time") or {}
+    if not t:
+        return f"wall time: {result['seconds']:.1f} s"
+    fit = f"fit {t['fit']:.1f}"
+    if "training" in t:
+        fit += f" (training {t['training']:.1f}, validation {t.get('validation', 0.0):.1f})"
+    parts = [f"read {t['read']:.1f}", fit] + [f"{k} {t[k]:.1f}" for k in ("evaluate", "intervals")
+                                                if k in t]
+    return f"wall time: {result['seconds']:.1f} s = " + " + ".join(parts) + " s"
+
+
+def machine_devices() -> str:
+    """What this machine offers for training, in words (for error messages)."""
+    import os
+
+    if torch.cuda.is_available():
+        names = sorted({torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())})
+        gpus = f"{torch.cuda.device_count()} CUDA GPU(s): {', '.join(names)}"
+    elif torch.version.cuda is None:
+        gpus = f"no CUDA GPU (torch {torch.__version__} is a CPU-only build)"
+    else:
+        gpus = f"no CUDA GPU visible (torch {torch.__version__} built with CUDA {torch.version.cuda})"
+    return f"{gpus}; {os.cpu_count()} CPU core(s)"
+
+
+def check_devices(node: Any) -> None:
+    """One line naming what the machine has and the fix when the trainer asks for GPUs it does
+    not have, before anything is read or written (Lightning's own error is a long traceback,
+    after the run folder exists)."""
+    accelerator = str(node.get("accelerator", "auto")).lower()
+    if accelerator not in ("gpu", "cuda"):
+        return
+    have = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if have == 0:
+        raise ValueError(f"trainer.accelerator={accelerator} asks for a CUDA GPU, but this machine has "
+                         f"{machine_devices()}: train on the CPU (trainer=cpu, the default) or run "
+                         f"on a machine with a GPU")
+    devices = node.get("devices", "auto")
+    if isinstance(devices, int) and not isinstance(devices, bool):
+        want = have if devices == -1 else devices
+    elif isinstance(devices, str) and devices.strip().lstrip("-").isdigit():
+        want = have if int(devices) == -1 else int(devices)
+    elif isinstance(devices, (list, tuple)) or type(devices).__name__ == "ListConfig":
+        ids = [int(i) for i in devices]
+        if any(i >= have or i < 0 for i in ids):
+            raise ValueError(f"trainer.devices={ids} names GPU ids this machine does not have "
+                             f"({machine_devices()}): use ids 0..{have - 1}")
+        return
+    else:
+        return  # "auto": Lightning takes what there is
+    if want > have:
+        raise ValueError(f"trainer.devices={devices} asks for {want} GPUs, but this machine has "
+                         f"{machine_devices()}: set trainer.devices={have} (or fewer)")
 
 
 def refit_position_bias(trainer: pl.Trainer, model: HybridRanker, datamodule, best: str | None) -> bool:
@@ -352,7 +438,7 @@ def _hydra_main(cfg: DictConfig) -> float | None:
         trend = LevelTrend.from_dict(result["level_trend"])
         print(("the click level drifts over the log; hybridrank-export follows it: " if trend.applied
                else "click level over time: ") + trend.describe().removeprefix("level trend: "))
-    print(f"wall time: {result['seconds']:.1f} s")
+    print(time_line(result))
     # multirun sweepers (e.g. Optuna) minimise / maximise this value: cfg.optimized_metric
     return result.get("optimized_metric")
 

@@ -398,7 +398,7 @@ class HybridRanker(pl.LightningModule):
         rank = self._trainer.global_rank if self._trainer is not None else 0
         seed = (torch.initial_seed() * 1_000_003 + self.global_step * 8_191 + rank) % (1 << 63)
         g = torch.Generator().manual_seed(seed)
-        return drop_unseen(cat, tables, batch.request, generator=g)
+        return drop_unseen(cat, tables, batch.request, generator=g, n_requests=batch.mask.shape[0])
 
     # --- training and evaluation steps ----------------------------------------------------------
     @property

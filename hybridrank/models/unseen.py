@@ -39,6 +39,8 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import torch
 
+from hybridrank._device import to_device
+
 __all__ = ["UNSEEN_DROPOUT", "good_turing_unseen", "drop_probabilities", "drop_unseen",
            "probability_tables"]
 
@@ -125,7 +127,8 @@ def drop_probabilities(counts) -> tuple[np.ndarray, dict[str, float]]:
 
 def drop_unseen(cat: torch.Tensor, probabilities: Sequence[torch.Tensor | None],
                 request: torch.Tensor | None = None,
-                generator: torch.Generator | None = None) -> torch.Tensor:
+                generator: torch.Generator | None = None,
+                n_requests: int | None = None) -> torch.Tensor:
     """``cat`` with each code replaced by 0 with its column's probability for that code.
 
     Args:
@@ -135,6 +138,10 @@ def drop_unseen(cat: torch.Tensor, probabilities: Sequence[torch.Tensor | None],
         request: ``[N]`` non-negative request index of each row: one draw per request and column
             (a value is dropped on all its request's rows or none); None: one draw per row.
         generator: random generator (default: torch's global one, seeded by ``seed_everything``).
+            A CPU generator's draws are the same on every device; they reach ``cat``'s device
+            through pinned memory, without the host waiting.
+        n_requests: the number of requests (``request.max() + 1``); given, nothing is read back
+            from ``request`` (on an accelerator that read would wait for the device).
 
     Returns:
         a new tensor (``cat`` itself when no column drops anything).
@@ -146,9 +153,12 @@ def drop_unseen(cat: torch.Tensor, probabilities: Sequence[torch.Tensor | None],
     if not cols or cat.shape[0] == 0:
         return cat
     out = cat.clone()
-    units = cat.shape[0] if request is None else int(request.max()) + 1
+    if request is None:
+        units = cat.shape[0]
+    else:
+        units = int(request.max()) + 1 if n_requests is None else int(n_requests)
     where = cat.device if generator is None else generator.device  # drawn where the generator is
-    u = torch.rand((units, len(cols)), generator=generator, device=where).to(cat.device)
+    u = to_device(torch.rand((units, len(cols)), generator=generator, device=where), cat.device)
     if request is not None:
         u = u[request]
     for k, j in enumerate(cols):

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 from torch import nn
 
+import hybridrank._device as _device
 from hybridrank.models.position import report as _report
 from hybridrank.models.position.bootstrap import replicate_sums, request_weights
 from hybridrank.models.position.diagnosis import RankDiagnosis, Traffic, rank_evidence, within_request_rank_correlation
@@ -33,22 +34,17 @@ from hybridrank.models.position.estimators import (
     offset_update,
 )
 
-__all__ = ["DROPOUT_WHEN", "TAILS", "PositionBias", "free_to_read"]
+__all__ = ["DROPOUT_WHEN", "TAILS", "PositionBias"]
 
 TAILS = ("share", "error")
 DROPOUT_WHEN = ("not_identified", "always")
-
-
-def free_to_read(t: torch.Tensor) -> bool:
-    """Can the host read ``t`` without waiting for a device? (A CPU tensor.)"""
-    return t.device.type == "cpu"
 
 
 def _masked_sum(x: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
     """``Σ x[keep]``: on the CPU over the kept values (the summation order of a plain sum over
     them), elsewhere as ``Σ where(keep, x, 0)``, which needs no host round trip (the same up to
     float rounding)."""
-    if free_to_read(keep):
+    if _device.free_to_read(keep):
         return x[keep].sum()
     return torch.where(keep, x, torch.zeros_like(x)).sum()
 
@@ -193,7 +189,7 @@ class PositionBias(nn.Module):
 
     def _defers_checks(self, t: torch.Tensor) -> bool:
         """Are the checks of ``t`` left to the next update (an accelerator's training step)?"""
-        return self.training and not free_to_read(t)
+        return self.training and not _device.free_to_read(t)
 
     def slot_index(self, position: torch.Tensor) -> torch.Tensor:
         """``[B]`` 0-based slot index of 1-based positions ``[B]`` (the tail rule applied)."""
