@@ -6,7 +6,7 @@ the "Losses" section of ``docs/BENCHMARKS.md``:
 1. every loss at ``[G, L]`` = 4096×16, 1024×64, 256×256 (labels 0..2, ~70 % of slots real), with
    allRank's counterpart timed side by side in the same run when ``allrank`` is installed
    (``pip install --no-deps allrank``; its loss module is imported through
-   ``scripts/_allrank_shim.py``, which stands in for the data / cloud packages it never uses).
+   :func:`load_allrank_losses`, which stands in for the data / cloud packages it never uses).
    Each cell: median over rounds of the best of a few runs; the speed-up is allRank's time over
    ours per round, median and [min-max] over rounds. Ours and allRank alternate run by run, so a
    busy machine slows both alike;
@@ -15,29 +15,32 @@ the "Losses" section of ``docs/BENCHMARKS.md``:
 3. peak memory of ours (torch's CPU memory profiler);
 4. our padded pairwise / softmax losses against the flat-batch forms common in tutorials.
 
-Usage: ``python scripts/bench_losses.py [--quick] [--write-docs] [--rounds 5] [--threads 2]``
+Usage: ``python -m benchmarks.losses [--quick] [--write-docs] [--rounds 5] [--threads 2]``
 (about 10 minutes on 2 cores with allRank, mostly its pairwise losses at 256×256).
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
+import importlib.util
 import json
 import os
 import statistics
+import sys
 import tempfile
 import time
-from collections.abc import Callable
+import types
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
 
-import _common as C
 import torch
 import torch.nn.functional as F
-from _allrank_shim import load_allrank_losses
 from torch.nn.utils.rnn import pad_sequence
 from torch.profiler import ProfilerActivity, profile
 
+from benchmarks import common as C
 from hybridrank.lists import pad_index
 from hybridrank.losses import LOSSES, bce_loss, ranknet_loss, softmax_loss, valid_pairs
 
@@ -46,6 +49,53 @@ SECTION = "Losses: speed and values against allRank"
 # Rough bytes per G·L² element held at peak, to skip runs that would need several GB.
 SINKHORN_BYTES = 4 * 80
 MAX_BYTES = 6e9
+
+
+# --- allRank's losses, without its heavy dependencies --------------------------------------------
+
+#: modules allRank imports at module level but its loss functions never use
+_STANDINS = ("torchvision", "torchvision.transforms", "gcsfs", "google", "google.auth", "pkg_resources")
+
+
+def _standin(name: str) -> types.ModuleType:
+    mod = types.ModuleType(name)
+
+    def __getattr__(attr: str):  # any name a module-level import asks for
+        if attr.startswith("__"):
+            raise AttributeError(attr)
+        return type(attr, (), {"__init__": lambda self, *a, **k: None})
+
+    mod.__getattr__ = __getattr__  # type: ignore[attr-defined]
+    mod.__path__ = []  # a package, so that ``import google.auth`` finds a parent
+    return mod
+
+
+def _missing(name: str) -> bool:
+    if name in sys.modules:
+        return False
+    try:
+        return importlib.util.find_spec(name) is None
+    except (ImportError, ValueError):
+        return True
+
+
+def load_allrank_losses() -> types.ModuleType | None:
+    """``allrank.models.losses`` if allRank is installed (``pip install --no-deps allrank``), else None.
+
+    Its import chain pulls in torchvision, gcsfs, google.auth and pkg_resources, none of which a loss
+    uses: small stand-ins are registered for those that are missing, only during the import (torch
+    and hybridrank are imported first, so they see the real environment).
+    """
+    if importlib.util.find_spec("allrank") is None:
+        return None
+    added = [n for n in _STANDINS if _missing(n)]
+    for name in added:
+        sys.modules[name] = _standin(name)
+    try:
+        return importlib.import_module("allrank.models.losses")
+    finally:
+        for name in added:
+            sys.modules.pop(name, None)
 
 
 # --- timing ------------------------------------------------------------------------------------
@@ -351,13 +401,17 @@ def flat_vs_padded(batch_sizes, list_len: int, repeats: int) -> str:
                              "flat MB", "memory ratio"], rows)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="smaller shapes, for a smoke run")
-    parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds per cell")
-    parser.add_argument("--threads", type=int, default=2)
-    C.add_docs_options(parser)
-    args = parser.parse_args()
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.losses", description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="smaller shapes, for a smoke run")
+    p.add_argument("--rounds", type=int, default=5, help="interleaved rounds per cell")
+    p.add_argument("--threads", type=int, default=2)
+    C.add_docs_options(p)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = parser().parse_args(argv)
     C.check_docs_request(args, ["--quick"] if args.quick else [])
     torch.set_num_threads(args.threads)
     A = load_allrank_losses()
@@ -371,7 +425,7 @@ def main() -> None:
     allrank_note = ("allRank's counterpart in the same run, the two alternating run by run"
                     if A else "allRank not installed: `pip install --no-deps allrank` adds it")
     body = "\n\n".join([
-        f"Generated {time.strftime('%Y-%m-%d %H:%M')} by `python scripts/bench_losses.py` on "
+        f"Generated {time.strftime('%Y-%m-%d %H:%M')} by `python -m benchmarks.losses` on "
         f"{C.machine()}. Forward + backward from a leaf logits tensor, labels 0..2, ~70 % of "
         f"the slots real; {allrank_note}. A cell is the median over {rounds} rounds of the best "
         "of a few runs (with one thread: the thread's CPU time); the speed-up is allRank's time "
