@@ -100,7 +100,7 @@ def fit_reference_fm(train: pl.DataFrame, val: pl.DataFrame, columns: Mapping[st
     opt = torch.optim.Adam(model.parameters(), lr=lr)
     bce = torch.nn.functional.binary_cross_entropy_with_logits
     best, best_state, bad = math.inf, None, 0
-    for epoch in range(max_epochs):
+    for _epoch in range(max_epochs):
         model.train()
         for b in torch.randperm(len(y_tr)).split(batch):
             logit, reg = model(c_tr[b], n_tr[b])
@@ -124,7 +124,7 @@ def fit_reference_fm(train: pl.DataFrame, val: pl.DataFrame, columns: Mapping[st
         with torch.no_grad():
             return torch.sigmoid(model(*encode(frame, slot))[0]).double().numpy()
 
-    predict.epochs = epoch + 1             # type: ignore[attr-defined]
+    predict.epochs = _epoch + 1            # type: ignore[attr-defined]
     predict.best_val_log_loss = best       # type: ignore[attr-defined]
     return predict
 

@@ -4,10 +4,9 @@
 - the metric conventions of the tables (:data:`BASE_METRICS`) and scoring flat logits under them
   (:func:`evaluate`, :func:`split_stats`: the package's own metric code, so every row of a table,
   LightGBM's included, is scored by one code path);
-- figures against a known truth: :func:`xent` (the clipped log loss), :func:`per_request_se`,
-  :func:`logit`, :func:`sigmoid`;
-- formatting (mean ± std, Markdown tables, the machine) and rewriting marked sections of
-  docs/BENCHMARKS.md, only when asked (``--write-docs``) and only after a complete run.
+- figures against a known truth: :func:`xent` (the clipped log loss), :func:`per_request_se`;
+- formatting, and rewriting marked sections of docs/BENCHMARKS.md only when asked (``--write-docs``)
+  and only after a complete run.
 """
 
 from __future__ import annotations
@@ -19,6 +18,7 @@ import os
 import platform
 import re
 import statistics
+import sys
 import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -30,13 +30,12 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs" / "BENCHMARKS.md"
 RESULTS = ROOT / "results"
-#: probabilities are clipped to [EPS, 1 - EPS] before a log loss
+#: probabilities are clipped to [EPS, 1 - EPS] in a log loss
 EPS = 1e-7
+#: the metric conventions of the LETOR tables (docs/CONVENTIONS.md §4, §5)
+BASE_METRICS = dict(ks=(1, 3, 5, 10), gain="exp", ties="average", bins=15, binning="quantile")
 
 
-# ----------------------------------------------------------------------------------------------
-# data
-# ----------------------------------------------------------------------------------------------
 def data_root() -> Path:
     """The shared data folder: ``$HYBRIDRANK_REAL_DATA``, else ``../shared/data`` next to the repo."""
     env = os.environ.get("HYBRIDRANK_REAL_DATA")
@@ -49,23 +48,20 @@ def data_root() -> Path:
 
 
 def mq2008_fold(k: int) -> tuple[list[str], str, str]:
-    """Fold ``k`` (1..5) of MQ2008 as (train parts, val part, test part).
-
-    Fold k trains on the three parts after k - 1 (cyclically), validates on the next one and tests
-    on the last: Fold1 = (S1, S2, S3 | S4 | S5), Fold2 = (S2, S3, S4 | S5 | S1), ...
-    """
+    """Fold ``k`` (1..5) of MQ2008 as (train parts, val part, test part): the three parts after
+    k - 1 (cyclically), the next one, the last. Fold1 = (S1, S2, S3 | S4 | S5), Fold2 = (S2, S3, S4
+    | S5 | S1), ..."""
     if not 1 <= k <= 5:
         raise ValueError(f"MQ2008 has folds 1..5, got {k}")
-    d = data_root() / "letor" / "MQ2008"
-    parts = [str(d / f"S{(k - 1 + i) % 5 + 1}.txt") for i in range(5)]
+    parts = [str(data_root() / "letor" / "MQ2008" / f"S{(k - 1 + i) % 5 + 1}.txt") for i in range(5)]
     return parts[:3], parts[3], parts[4]
 
 
 def fold_overrides(k: int) -> list[str]:
     """Hydra overrides that point ``data=letor_mq2008`` at fold ``k``'s parts."""
     train, val, test = mq2008_fold(k)
-    return ["data=letor_mq2008", f"data.source.train=[{','.join(train)}]",
-            f"data.source.val={val}", f"data.source.test={test}"]
+    return ["data=letor_mq2008", f"data.source.train=[{','.join(train)}]", f"data.source.val={val}",
+            f"data.source.test={test}"]
 
 
 def parse_folds(text: str) -> list[int]:
@@ -90,15 +86,7 @@ def parse_pin(text: str) -> tuple[str, Any]:
     return key, {"true": True, "false": False}.get(value.lower(), value)
 
 
-# ----------------------------------------------------------------------------------------------
-# figures
-# ----------------------------------------------------------------------------------------------
-#: the metric conventions of the LETOR tables (docs/CONVENTIONS.md §4, §5)
-BASE_METRICS = dict(ks=(1, 3, 5, 10), gain="exp", ties="average", bins=15, binning="quantile")
-
-
-def evaluate(data, logits: torch.Tensor, empties: Iterable[str] = ("skip", "zero")
-             ) -> dict[str, dict[str, float]]:
+def evaluate(data, logits: torch.Tensor, empties: Iterable[str] = ("skip", "zero")) -> dict[str, dict[str, float]]:
     """``{empty: metrics}`` of flat ``[N]`` logits on a split, one entry per empty-list policy."""
     from hybridrank.evaluation.figures import evaluate_logits
 
@@ -106,8 +94,8 @@ def evaluate(data, logits: torch.Tensor, empties: Iterable[str] = ("skip", "zero
 
 
 def split_stats(data, logits: torch.Tensor, *, ks: Sequence[int] = (10,), empty: str = "skip"):
-    """Per-request statistics of flat ``[N]`` logits on a split (for intervals over requests),
-    with the conventions of :func:`evaluate`."""
+    """Per-request statistics of flat ``[N]`` logits (for intervals over requests), with the
+    conventions of :func:`evaluate`."""
     from hybridrank.metrics.request_stats import split_stats as engine_stats
 
     return engine_stats(data, logits.double(), **{**BASE_METRICS, "ks": tuple(ks), "empty": empty})
@@ -130,18 +118,12 @@ def sigmoid(z: np.ndarray) -> np.ndarray:
 
 
 def per_request_se(values: np.ndarray, offsets: np.ndarray) -> float:
-    """Standard error of a mean over impressions, from per-request sums (requests independent):
-    ``sd(S_r) sqrt(R) / N``, ``S_r`` the sum of ``values`` over request ``r``'s rows
-    ``offsets[r]:offsets[r + 1]``; NaN with fewer than two requests."""
+    """Standard error of a mean over impressions with requests independent: ``sd(S_r) sqrt(R) / N``,
+    ``S_r`` the sum of ``values[offsets[r]:offsets[r + 1]]``; NaN with fewer than two requests."""
     sums = np.add.reduceat(values, offsets[:-1]) if values.size else np.zeros(0)
-    if sums.size < 2:
-        return math.nan
-    return float(np.std(sums, ddof=1) * math.sqrt(sums.size) / values.size)
+    return float(np.std(sums, ddof=1) * math.sqrt(sums.size) / values.size) if sums.size >= 2 else math.nan
 
 
-# ----------------------------------------------------------------------------------------------
-# formatting
-# ----------------------------------------------------------------------------------------------
 def mean_std(values: Sequence[float]) -> tuple[float, float]:
     """Mean and sample standard deviation (0 for a single value); NaNs are ignored."""
     vals = [v for v in values if v is not None and not math.isnan(v)]
@@ -193,60 +175,47 @@ def quiet() -> None:
     warnings.filterwarnings("ignore")
 
 
-# ----------------------------------------------------------------------------------------------
-# docs/BENCHMARKS.md, only when asked
-# ----------------------------------------------------------------------------------------------
+def command(module: str, argv: Sequence[str] | None) -> str:
+    """The command line that ran, ``python -m benchmarks.<module> <args>``, for a docs stamp."""
+    return f"python -m benchmarks.{module} {' '.join(sys.argv[1:] if argv is None else argv)}".strip()
+
+
 def add_docs_options(parser: argparse.ArgumentParser) -> None:
     """``--write-docs``: rewrite this benchmark's section(s) of docs/BENCHMARKS.md after a complete
     run (``--no-docs``, the old opt-out, is accepted and ignored: not writing is the default)."""
     parser.add_argument("--write-docs", action="store_true",
-                        help="rewrite this benchmark's section(s) of docs/BENCHMARKS.md; only a "
-                             "complete run (the default settings, no --quick) may")
+                        help="rewrite this benchmark's section(s) of docs/BENCHMARKS.md; only a complete run "
+                             "(the default settings, no --quick) may")
     parser.add_argument("--no-docs", action="store_true", help=argparse.SUPPRESS)
 
 
 def check_docs_request(args, incomplete: Sequence[str]) -> None:
-    """Before any work: ``--write-docs`` with settings that cannot make the full tables is an
-    error naming them (``incomplete``: the settings that differ from a complete run)."""
+    """Before any work: ``--write-docs`` with settings that cannot make the full tables is an error
+    naming them (``incomplete``: the settings that differ from a complete run)."""
     if getattr(args, "write_docs", False) and incomplete:
         raise SystemExit(f"--write-docs: a partial run does not replace the published tables "
-                         f"({'; '.join(incomplete)}); drop --write-docs, or run the complete "
-                         f"benchmark")
+                         f"({'; '.join(incomplete)}); drop --write-docs, or run the complete benchmark")
 
 
 def write_docs(args, sections: Mapping[str, str], *, failures: Sequence[str] = ()) -> None:
-    """Rewrite the ``sections`` of docs/BENCHMARKS.md when ``--write-docs`` was given and the run
-    had no failed row; otherwise say that the docs were left as they are."""
+    """Rewrite the ``sections`` of docs/BENCHMARKS.md when ``--write-docs`` was given and no row
+    failed; otherwise say that the docs were left as they are."""
     if not getattr(args, "write_docs", False):
         print("docs/BENCHMARKS.md not touched (--write-docs rewrites it after a complete run)")
         return
     if failures:
-        raise SystemExit(f"--write-docs: not written, {len(failures)} row(s) failed: "
-                         f"{', '.join(failures)}")
+        raise SystemExit(f"--write-docs: not written, {len(failures)} row(s) failed: {', '.join(failures)}")
     for name, body in sections.items():
         write_section(name, body, path=DOCS)
     print(f"updated {DOCS}")
 
 
 def write_section(name: str, body: str, path: Path = DOCS) -> None:
-    """Replace the text between ``<!-- BEGIN name -->`` and ``<!-- END name -->`` in ``path``.
-
-    A missing section is appended at the end (under a ``## name`` heading); the rest of the file
-    is left as it is, so hand-written prose around the generated tables survives reruns.
-    """
+    """Replace the text between ``<!-- BEGIN name -->`` and ``<!-- END name -->`` in ``path`` (a
+    missing section is appended under a ``## name`` heading); the prose around it is left as it is."""
     begin, end = f"<!-- BEGIN {name} -->", f"<!-- END {name} -->"
     block = f"{begin}\n{body.strip()}\n{end}"
     text = path.read_text() if path.exists() else "# Benchmarks\n"
     pattern = re.compile(re.escape(begin) + r".*?" + re.escape(end), re.S)
-    if pattern.search(text):
-        text = pattern.sub(lambda _: block, text)
-    else:
-        text = text.rstrip() + f"\n\n## {name}\n\n{block}\n"
+    text = pattern.sub(lambda _: block, text) if pattern.search(text) else text.rstrip() + f"\n\n## {name}\n\n{block}\n"
     path.write_text(text)
-
-
-def command(module: str, argv: Sequence[str] | None) -> str:
-    """The command line that ran: ``python -m benchmarks.<module> <args>`` (for a docs stamp)."""
-    import sys
-
-    return f"python -m benchmarks.{module} {' '.join(sys.argv[1:] if argv is None else argv)}".strip()

@@ -1,11 +1,10 @@
 """One runner for grids of hydra overrides: ``train(cfg)`` in-process over override sets x seeds.
 
-Every benchmark that trains hybridrank does it here, with :func:`hybridrank.cli.train.train` (what
-``hybridrank-train`` runs) on a config composed in-process: :func:`train_run` (one run, its
-result: what ``metrics.json`` holds), :func:`train_hybrid` (also the kept checkpoint's logits on
-val and test, for scoring under any convention) and :func:`run_grid` (named override sets x seeds,
-one row per run). :func:`grid_table` sets the rows side by side, mean ± std over seeds, with the
-reference rows ``train`` reports (the oracle where the data knows the true pCTR, the base rate).
+Every benchmark trains hybridrank here, with :func:`hybridrank.cli.train.train` (what
+``hybridrank-train`` runs) on a config composed in-process: :func:`train_run` (one run; its result
+is what ``metrics.json`` holds), :func:`train_hybrid` (also the kept checkpoint's logits) and
+:func:`run_grid` (named override sets x seeds). :func:`grid_table` sets the runs side by side, mean
+± std over seeds, with ``train``'s reference rows (the oracle where the truth is known, the base rate).
 
     python -m benchmarks.grid --set request=data.scope=request --set session=data.scope=session \\
         --seeds 0 1 2 --keys test/ndcg@10 test/logloss -- loss=bce_softmax trainer.max_epochs=3
@@ -61,13 +60,14 @@ def train_run(overrides: Sequence[str], out_dir: str | Path, *, splits=None) -> 
 
 
 class HybridRun(NamedTuple):
-    """What :func:`train_hybrid` returns."""
+    """What :func:`train_hybrid` returns: ``train``'s result, the data (``Splits``), the kept
+    checkpoint's ``[N]`` pCTR logits on val and test (storage order) and its ``HybridRanker``."""
 
-    result: dict[str, Any]  # the dict of hybridrank.cli.train.train
-    splits: Any             # the data (Splits) the model was trained and scored on
-    z_val: torch.Tensor     # [N] pCTR logits of the kept checkpoint on val, storage order
-    z_test: torch.Tensor    # the same on test
-    model: Any              # the kept checkpoint's HybridRanker (CPU, eval mode)
+    result: dict[str, Any]
+    splits: Any
+    z_val: torch.Tensor
+    z_test: torch.Tensor
+    model: Any
 
 
 def train_hybrid(overrides: Sequence[str], *, splits=None, keep_dir: str | Path | None = None) -> HybridRun:
@@ -104,7 +104,7 @@ def run_grid(sets: Mapping[str, Sequence[str]], seeds: Sequence[int] | None = (0
     Args:
         sets: ``{name: overrides}``; a run's overrides are ``base``, the set's, then ``seed=<s>``.
         seeds: training seeds (``None``: the config's own seed, no ``seed=`` override).
-        out_dir: keep each run under ``out_dir/<name>/seed<s>`` (checkpoints included); None:
+        out_dir: keep each run under ``out_dir/<name>[/seed<s>]`` (checkpoints included); None:
             temporary folders, removed after each run.
         splits: already loaded data shared by every run.
         progress: called with each row as it is done.
@@ -118,11 +118,9 @@ def run_grid(sets: Mapping[str, Sequence[str]], seeds: Sequence[int] | None = (0
         for seed in (None,) if seeds is None else seeds:
             ov = [*base, *overrides, *([] if seed is None else [f"seed={seed}"])]
             t0 = time.perf_counter()
-            if out_dir is None:
-                with tempfile.TemporaryDirectory(prefix="hybridrank-grid-") as tmp:
-                    result = train_run(ov, tmp, splits=splits)
-            else:
-                result = train_run(ov, Path(out_dir) / name / f"seed{seed}", splits=splits)
+            with tempfile.TemporaryDirectory(prefix="hybridrank-grid-") as tmp:
+                sub = [] if seed is None else [f"seed{seed}"]
+                result = train_run(ov, Path(tmp) if out_dir is None else Path(out_dir, name, *sub), splits=splits)
             rows.append({"name": name, "seed": seed, "overrides": ov,
                          "seconds": time.perf_counter() - t0, "result": result})
             if progress is not None:

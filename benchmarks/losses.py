@@ -34,6 +34,7 @@ import types
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
+from unittest import mock
 
 import torch
 import torch.nn.functional as F
@@ -52,45 +53,23 @@ MAX_BYTES = 6e9
 
 
 # --- allRank's losses, without its heavy dependencies --------------------------------------------
-
-#: modules allRank imports at module level but its loss functions never use
-_STANDINS = ("torchvision", "torchvision.transforms", "gcsfs", "google", "google.auth", "pkg_resources")
-
-
-def _standin(name: str) -> types.ModuleType:
-    mod = types.ModuleType(name)
-
-    def __getattr__(attr: str):  # any name a module-level import asks for
-        if attr.startswith("__"):
-            raise AttributeError(attr)
-        return type(attr, (), {"__init__": lambda self, *a, **k: None})
-
-    mod.__getattr__ = __getattr__  # type: ignore[attr-defined]
-    mod.__path__ = []  # a package, so that ``import google.auth`` finds a parent
-    return mod
-
-
-def _missing(name: str) -> bool:
-    if name in sys.modules:
-        return False
-    try:
-        return importlib.util.find_spec(name) is None
-    except (ImportError, ValueError):
-        return True
-
-
 def load_allrank_losses() -> types.ModuleType | None:
     """``allrank.models.losses`` if allRank is installed (``pip install --no-deps allrank``), else None.
 
-    Its import chain pulls in torchvision, gcsfs, google.auth and pkg_resources, none of which a loss
-    uses: small stand-ins are registered for those that are missing, only during the import (torch
-    and hybridrank are imported first, so they see the real environment).
+    Its import chain imports torchvision, gcsfs and pkg_resources at module level, none of which a
+    loss uses: stand-ins (mocks) take the place of those that are missing during the import only.
     """
     if importlib.util.find_spec("allrank") is None:
         return None
-    added = [n for n in _STANDINS if _missing(n)]
-    for name in added:
-        sys.modules[name] = _standin(name)
+
+    def missing(name: str) -> bool:
+        try:
+            return name not in sys.modules and importlib.util.find_spec(name) is None
+        except (ImportError, ValueError):  # a missing parent package
+            return True
+
+    added = [n for n in ("torchvision", "torchvision.transforms", "gcsfs", "pkg_resources") if missing(n)]
+    sys.modules.update({n: mock.MagicMock() for n in added})
     try:
         return importlib.import_module("allrank.models.losses")
     finally:
@@ -175,20 +154,16 @@ def peak_bytes(fn: Callable[[], torch.Tensor]) -> int:
 # --- inputs and the allRank counterparts ---------------------------------------------------------
 
 
-def make_lists(g: int, length: int, seed: int = 0, full: bool = False, distinct: bool = False):
+def make_lists(g: int, length: int, seed: int = 0, distinct: bool = False):
     """Labels 0..2 (or distinct per list), and a mask with ~70 % real slots (first row full)."""
     gen = torch.Generator().manual_seed(seed)
     if distinct:
         labels = torch.argsort(torch.rand(g, length, generator=gen), dim=1).float()
     else:
         labels = torch.randint(0, 3, (g, length), generator=gen).float()
-    if full:
-        mask = torch.ones(g, length, dtype=torch.bool)
-    else:
-        n = torch.randint(max(1, length // 2), length + 1, (g,), generator=gen)
-        n[0] = length
-        mask = torch.arange(length)[None, :] < n[:, None]
-    return labels, mask
+    n = torch.randint(max(1, length // 2), length + 1, (g,), generator=gen)
+    n[0] = length
+    return labels, torch.arange(length)[None, :] < n[:, None]
 
 
 def padded_for_allrank(labels: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

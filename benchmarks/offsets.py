@@ -155,9 +155,9 @@ def world_row(seed: int, size: str = "small", **pins: Any) -> dict[str, Any]:
     # the reference slot's own (all clicks given offsets from the same rows reduce to it)
     sorted_log = world.spec.explore_share < 1.0
     position = train[cols["position"]].to_numpy()
-    row["ceiling"] = information_ceiling(
-        position.astype(np.int64), train["true_p"].to_numpy(),
-        explore > 0 if sorted_log else np.ones(train.height, dtype=bool), rel_test, marked=sorted_log, top=top, seed=seed)
+    fit_rows = explore > 0 if sorted_log else np.ones(train.height, dtype=bool)
+    row["ceiling"] = information_ceiling(position.astype(np.int64), train["true_p"].to_numpy(), fit_rows, rel_test,
+                                         marked=sorted_log, top=top, seed=seed)
     for name, (switches, marked) in ESTIMATORS.items():
         off, shift, level = fit_offsets(position, logit(train["true_p_ref"].to_numpy()), click,
                                         train[cols["request"]].to_numpy(), explore=explore if marked else None,

@@ -62,8 +62,8 @@ def scorer_overrides(model: str, dataset: str, quick: bool) -> list[str]:
         ov = ["experiment=letor", f"model={model}"] + (
             ["~model.scorer.hidden", "~model.scorer.dropout"] if model == "fm" else [])
     else:
-        ov = [f"data={dataset}", f"model={model}", *(o for o in SMALL_DATA if model != "fm"
-                                                      or not o.startswith(("model.scorer.hidden", "model.scorer.dropout")))]
+        net = ("model.scorer.hidden", "model.scorer.dropout")
+        ov = [f"data={dataset}", f"model={model}", *(o for o in SMALL_DATA if model != "fm" or not o.startswith(net))]
     return ov + (["trainer.max_epochs=3"] if quick else [])
 
 
@@ -135,7 +135,7 @@ def dataset_table(dataset: str, results: list[dict], names: list[str], n_boot: i
                 _f(iv[n]["ece"]) + flag, _f(iv[n]["pcoc"], 3) + flag, f"{secs[n]:.1f}",
                 f"{secs[n] / secs['lgbm_binary']:.1f}×" if secs.get("lgbm_binary") else ""]
         rows.append(row)
-        summary[n] = {"test": {k: {"estimate": v.estimate, "lower": v.lower, "upper": v.upper} for k, v in iv[n].items()},
+        summary[n] = {"test": {k: dict(estimate=v.estimate, lower=v.lower, upper=v.upper) for k, v in iv[n].items()},
                       "vs_lgbm_binary_logloss": vars(vs_bin[n]["logloss"]) if n in vs_bin else None,
                       "vs_lgbm_lambdarank_ndcg@10": vars(vs_lam[n]["ndcg@10"]) if n in vs_lam else None,
                       "per_fold": per_fold[n], "fit_seconds": secs[n], "info": [r["info"][n] for r in results]}

@@ -1,43 +1,27 @@
 """The world harness: draw worlds of a family, split them, train variants, score against the truth.
 
-A world (:mod:`hybridrank.data.worlds`) is a click log drawn from a seed, with its truth: column
-names, feature kinds, click rate, list lengths, true position curve, logging policy, drift and the
-structure of its true scorer. :func:`run_family` draws one world per seed, writes its log to
-parquet, trains each variant on it as ``hybridrank-train data=clicklog`` would (the world's column
-map as overrides, :func:`benchmarks.grid.run_grid`, shipped defaults unless the variant says
-otherwise), exports the test split (the CLI's: the latest 20 % of sessions) with
-``calibrator=auto`` and ``calibrator=none`` (:func:`hybridrank.cli.export.export`), and scores
-every variant, and the reference FM (:func:`benchmarks.baselines.fit_reference_fm`) on the same
-train / validation rows, against the world's truth. Per world and variant, a row of:
+A world (:mod:`hybridrank.data.worlds`) is a click log drawn from a seed with its truth (column
+names, feature kinds, click rate, list lengths, position curve, logging policy, drift, the true
+scorer's structure). :func:`run_family` draws one world per seed, writes it to parquet, trains each
+variant of :data:`VARIANTS` on it as ``hybridrank-train data=clicklog`` would (the world's column
+map as overrides, :func:`benchmarks.grid.run_grid`), exports the test split (the CLI's: the latest
+20 % of sessions) with ``calibrator=auto`` and ``none``, and scores each variant and the reference
+FM (:func:`benchmarks.baselines.fit_reference_fm`, same train / validation rows) against the truth:
+log-loss excess over the Bayes limit, NDCG@10 gap to the oracle, PCOC of the position-free pCTR
+against the true slot-1 CTR beside the floors of a perfect time-blind model, the offsets' errors
+and intervals, what ``auto`` chose, auction welfare, unseen items (:func:`evaluate_run` names each
+figure). :func:`world_table` and :func:`aggregate` print them; docs/BENCHMARKS.md, "Generalization",
+says how to read them. Seeds from 1000 on were not used to choose any default::
 
-- ``excess``: expected test log loss at the logged slots minus the Bayes limit (the predictions'
-  cross-entropy against ``true_p`` minus its entropy);
-- ``ndcg_gap``: the oracle's NDCG@10 minus the model's, the true slot-1 CTR as linear gain;
-- ``pcoc_ref``: PCOC of the position-free pCTR (the tower's reference slot, a position-as-feature
-  model scored at position 1, or the ``blind`` variant's one score) against ``true_p_ref``;
-  ``pcoc_ref_none``: the same without the calibrator; ``pcoc_static``: exported with
-  ``level_trend.mode=off``, and ``trend``: the level trend the export applied (logit per day);
-  ``pcoc_drift`` (:func:`drift_floor`) and ``pcoc_floor`` (:func:`floor`): what a perfect
-  time-blind model reaches;
-- ``offset_err``: the largest error of the tower's offsets for slots 2..min(10, longest list),
-  ``offsets_covered``: the slots whose interval holds the truth, and ``slot_err``
-  (:func:`slot_ctr_error`): the same offsets as an auction reads them, on this model's scores;
-- ``identified`` / ``precise`` / ``rank_corr``: the tower's diagnosis; ``level_lo`` /
-  ``level_hi`` / ``level_covered``: the serving level's interval and whether it holds the truth;
-- ``auto``: what ``calibrator=auto`` chose, and ``d_ll``: test log loss (clicks) with it minus
-  without it, with its standard error over requests (``d_ll_se``);
-- ``welfare``: welfare of a GSP replay (3 slots, the world's true slot curve as slot factors,
-  bids from the log) as a share of the oracle allocation's;
-- ``new_share`` / ``pcoc_new`` / ``pcoc_seen`` (:func:`unseen_rows`): items unseen in training;
-- ``epochs`` and ``stop``: how many epochs ran and why training stopped.
-
-:func:`world_table` and :func:`aggregate` print them (docs/BENCHMARKS.md, "Generalization";
-``python -m benchmarks.generalization`` is the command line). Seeds from 1000 on were not used to
-choose any default (tuning used seeds below 100).
+    python -m benchmarks.worlds --worlds 24 --seed0 1000 [--variants default,tower,...] [--size small]
+        [--family longtail] [--explore-shares 0,0.01,0.05,0.1] [--pin FIELD=VALUE ...] [--extra OVERRIDE ...]
+    python -m benchmarks.worlds --tables results/generalization.json [more.json ...]   # saved results
 """
 
 from __future__ import annotations
 
+import argparse
+import json
 import math
 import tempfile
 import time
@@ -50,7 +34,7 @@ import numpy as np
 import polars as pl
 
 from benchmarks.baselines import fit_reference_fm
-from benchmarks.common import logit, per_request_se, sigmoid, xent
+from benchmarks.common import RESULTS, logit, parse_pin, per_request_se, sigmoid, xent
 from benchmarks.grid import run_grid
 
 __all__ = ["VARIANTS", "SPLIT", "PreparedWorld", "run_family", "run_world", "prepare_world", "split_world",
@@ -90,9 +74,6 @@ def _clicklog_split() -> dict[str, Any]:
 SPLIT = _clicklog_split()
 
 
-# ----------------------------------------------------------------------------------------------
-# a world, its split and what a perfect time-blind model reaches on it
-# ----------------------------------------------------------------------------------------------
 @dataclass
 class PreparedWorld:
     """A world written to ``dir`` (``log.parquet``, ``world.json``, ``test.parquet`` and
@@ -179,9 +160,6 @@ def floor(world, train: pl.DataFrame, test: pl.DataFrame) -> float:
     return float(np.sum(sigmoid(logit(ref) - world_drift(world, test) + mean_drift + c)) / ref.sum())
 
 
-# ----------------------------------------------------------------------------------------------
-# training and scoring
-# ----------------------------------------------------------------------------------------------
 def world_overrides(world, path: Path, position_feature: bool) -> list[str]:
     """``data=clicklog`` on ``path`` with the world's column map; position a numeric feature or
     not; marked exploration traffic mapped, as a user with such traffic would."""
@@ -272,7 +250,23 @@ def unseen_rows(seen: pl.Series, items: pl.Series, pctr: np.ndarray, p_ref: np.n
 
 
 def evaluate_run(w: PreparedWorld, name: str, run: Mapping[str, Any]) -> dict[str, Any]:
-    """The row of variant ``name`` (its :func:`train_variants` row ``run``) against the truth."""
+    """The row of variant ``name`` (its :func:`train_variants` row ``run``) against the truth:
+
+    - ``excess``: expected test log loss at the logged slots minus the Bayes limit; ``ndcg_gap``:
+      the oracle's NDCG@10 minus the model's, the true slot-1 CTR as linear gain;
+    - ``pcoc_ref``: PCOC of the position-free pCTR (a tower's reference slot, a position-as-feature
+      model at position 1, a blind model's one score) against ``true_p_ref``; ``pcoc_ref_none``
+      without the calibrator, ``pcoc_static`` with ``level_trend.mode=off``, ``trend`` the level
+      trend the export applied (logit per day); ``pcoc_drift`` (:func:`drift_floor`),
+      ``pcoc_floor`` (:func:`floor`);
+    - ``offset_err``: the largest error of the tower's offsets of slots 2..min(10, longest list),
+      ``offsets_covered``, ``slot_err`` (:func:`slot_ctr_error`), the diagnosis (``identified``,
+      ``precise``, ``rank_corr``) and the serving level's interval (``level_lo``, ``level_hi``,
+      ``level_covered``);
+    - ``auto``: what ``calibrator=auto`` chose; ``d_ll`` ± ``d_ll_se``: test log loss with it minus
+      without it, SE over requests; ``welfare``: a GSP replay's (3 slots, the true slot curve, the
+      logged bids) as a share of the oracle allocation's; :func:`unseen_rows`; ``epochs``, ``stop``.
+    """
     world, test, cols = w.world, w.test, w.world.columns
     metrics = run["result"]
     ckpt, training = metrics["best_checkpoint"], metrics.get("training", {})
@@ -426,9 +420,6 @@ def run_family(family: str = "base", seeds: Sequence[int] = range(1000, 1024),
     return results
 
 
-# ----------------------------------------------------------------------------------------------
-# tables
-# ----------------------------------------------------------------------------------------------
 #: slot CTRs "within 0.1": ``slot_err <= 0.1`` (a CTR ratio off by about 10 %), the scale of the
 #: offsets' 0.1-logit criterion, so that the two columns compare
 SLOT_TOL = 0.1
@@ -503,3 +494,64 @@ def aggregate(results: Sequence[Mapping[str, Any]]) -> str:
             f"{_fmt(float(np.median([x['welfare'] for x in rows])))} | "
             f"{share(lambda x: None if x.get('stop') is None else x['stop'] == 'criterion', rows)} |")
     return "\n".join(lines)
+
+
+def _variants(text: str) -> list[str]:
+    names = [v.strip() for v in text.split(",") if v.strip()]
+    unknown = [v for v in names if v not in VARIANTS]
+    if unknown:
+        raise argparse.ArgumentTypeError(f"unknown variants {unknown}; known: {sorted(VARIANTS)}")
+    return names
+
+
+def parser() -> argparse.ArgumentParser:
+    from hybridrank.data.worlds import FAMILIES
+
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.worlds", description=__doc__.splitlines()[0])
+    ap.add_argument("--worlds", type=int, default=24)
+    ap.add_argument("--seed0", type=int, default=1000)
+    ap.add_argument("--size", default="small", choices=("tiny", "small"))
+    ap.add_argument("--family", default="base", choices=FAMILIES,
+                    help="world family: base, or longtail (heavy-tailed user activity, users unseen before "
+                         "the test period, dense item side features, user x item latent interactions)")
+    ap.add_argument("--variants", type=_variants, default="default,tower,fm,fm_tower")
+    ap.add_argument("--no-reference", action="store_true", help="skip the reference FM")
+    ap.add_argument("--out", type=Path, default=RESULTS / "generalization.json")
+    ap.add_argument("--keep", type=Path, default=None, help="keep the worlds and runs here")
+    ap.add_argument("--extra", nargs="*", default=[], help="hydra overrides for every run")
+    ap.add_argument("--pin", nargs="*", default=[], metavar="FIELD=VALUE",
+                    help="pin world fields (draw_world keywords), e.g. logging=random")
+    ap.add_argument("--explore-shares", default=None,
+                    help="confounded-logging family: worlds sorted by a noisy relevance estimate, each with "
+                         "the next of these exploration shares (e.g. 0,0.01,0.05,0.1), marked in a column")
+    ap.add_argument("--tables", nargs="+", type=Path, default=None, metavar="JSON",
+                    help="print the world and aggregate tables of saved --out files (merged), run nothing")
+    return ap
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    a = parser().parse_args(argv)
+    if a.tables:
+        results = [r for path in a.tables for r in json.loads(path.read_text())["results"]]
+        print(world_table(results) + "\n\n## Aggregate\n\n" + aggregate(results))
+        return 0
+    t_all = time.perf_counter()
+
+    def progress(result: dict) -> None:
+        print(f"# {result['describe']} ({result['seconds']['total']:.0f} s)", flush=True)
+        print(world_table([result]), flush=True)
+
+    results = run_family(a.family, range(a.seed0, a.seed0 + a.worlds), a.variants, size=a.size,
+                         pins=dict(parse_pin(x) for x in a.pin), extra=a.extra, reference=not a.no_reference,
+                         explore_shares=[float(x) for x in a.explore_shares.split(",")] if a.explore_shares else None,
+                         work=a.keep, progress=progress)
+    a.out.parent.mkdir(parents=True, exist_ok=True)
+    a.out.write_text(json.dumps({"results": results, "variants": a.variants,
+                                 "seconds": time.perf_counter() - t_all}, indent=1, default=str))
+    print("\n## Aggregate\n\n" + aggregate(results))
+    print(f"\n{len(results)} worlds in {(time.perf_counter() - t_all) / 60:.1f} min; {a.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
