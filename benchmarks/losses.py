@@ -78,8 +78,6 @@ def load_allrank_losses() -> types.ModuleType | None:
 
 
 # --- timing ------------------------------------------------------------------------------------
-
-
 def _clock() -> float:
     """Wall time; with one intra-op thread the thread's CPU time, which a busy machine's
     preemptions do not inflate (all the work runs on this thread then)."""
@@ -152,8 +150,6 @@ def peak_bytes(fn: Callable[[], torch.Tensor]) -> int:
 
 
 # --- inputs and the allRank counterparts ---------------------------------------------------------
-
-
 def make_lists(g: int, length: int, seed: int = 0, distinct: bool = False):
     """Labels 0..2 (or distinct per list), and a mask with ~70 % real slots (first row full)."""
     gen = torch.Generator().manual_seed(seed)
@@ -249,8 +245,6 @@ def counterparts(A) -> dict[str, Counterpart]:
 
 
 # --- tables ------------------------------------------------------------------------------------
-
-
 def ms(seconds: float) -> str:
     return f"{seconds * 1e3:,.1f}" if seconds >= 0.01 else f"{seconds * 1e3:,.2f}"
 

@@ -1,28 +1,18 @@
 """What the clicks allow: the position tower's estimator given the TRUE relevance, beside the floor.
 
-The world harness (:mod:`benchmarks.worlds`) measures the whole pipeline: a model learns the
-relevance, the tower estimates the offsets from it. When PCOC at the reference slot or an offset
-misses there, the relevance model, the offsets' estimator or the clicks themselves can be at fault.
-This benchmark takes the relevance model out: on random-order worlds (split as the runs split them)
-it hands :class:`~hybridrank.models.position.PositionBias` the true position-free click logits of
-the training rows and alternates its exact per-slot update with the intercept step, as training
-does, until the offsets stop moving. Per world, on the test rows:
-
-- ``floor``: PCOC at the reference slot of the truth itself, its level fitted to the training
-  clicks: the click sampling noise no estimator of a level from these clicks escapes;
-- for the shipped estimator (``pool`` and ``monotone``) and with each switched off: PCOC at the
-  reference slot and the largest error of the offsets of slots 2-10 (logit);
-- ``ceiling``: the chance that an estimator assuming nothing about the curve's shape meets each
-  target (:func:`information_ceiling`). Each slot's click logit then comes from that slot's own
-  clicks, at best with error ``eps_j ~ Normal(0, 1 / I_j)``, ``I_j = sum p (1 - p)`` over the
-  slot's fitted rows; the offsets' errors are ``eps_j - eps_1``, the level's ``eps_1`` (random
-  order), or with marked exploration the all-traffic level given those offsets. Drawn 20,000
-  times per world. Pooling and the monotone projection are shape assumptions: they can beat it
-  where the curve is as smooth as they assume, and pay where it is not.
-
-With ``--explore-shares`` the logs are sorted by a noisy relevance estimate with that share of
-marked exploration requests (the unmarked rows, handed the TRUE relevance, are not confounded as a
-model's would be)::
+When PCOC at the reference slot or an offset misses on the worlds (:mod:`benchmarks.worlds`), the
+relevance model, the offsets' estimator or the clicks can be at fault. This benchmark takes the
+relevance model out: on random-order worlds it hands :class:`~hybridrank.models.position.PositionBias`
+the true position-free logits of the training rows and alternates its per-slot update with the
+intercept step, as training does, until the offsets stop moving. Per world, on the test rows:
+``floor`` (PCOC at the reference slot of the truth itself, its level fitted to the training
+clicks: the click noise no level estimate escapes); PCOC and the largest offset error of slots
+2-10 for the shipped estimator (``pool``, ``monotone``) and with each switched off; and the
+``ceiling`` of an estimator that assumes nothing about the curve's shape
+(:func:`information_ceiling`: each slot's logit from its own clicks at the information bound,
+``eps_j ~ Normal(0, 1 / I_j)``, ``I_j = sum p (1 - p)`` over the slot's fitted rows; drawn 20,000
+times). With ``--explore-shares`` the logs are sorted by a noisy relevance estimate with that share
+of marked exploration requests::
 
     python -m benchmarks.offsets --worlds 10 --seed0 1120
     python -m benchmarks.offsets --worlds 8 --seed0 2120 --impressions 400000 --explore-shares 0.05,0.1

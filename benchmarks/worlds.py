@@ -1,17 +1,13 @@
 """The world harness: draw worlds of a family, split them, train variants, score against the truth.
 
-A world (:mod:`hybridrank.data.worlds`) is a click log drawn from a seed with its truth (column
-names, feature kinds, click rate, list lengths, position curve, logging policy, drift, the true
-scorer's structure). :func:`run_family` draws one world per seed, writes it to parquet, trains each
-variant of :data:`VARIANTS` on it as ``hybridrank-train data=clicklog`` would (the world's column
-map as overrides, :func:`benchmarks.grid.run_grid`), exports the test split (the CLI's: the latest
-20 % of sessions) with ``calibrator=auto`` and ``none``, and scores each variant and the reference
-FM (:func:`benchmarks.baselines.fit_reference_fm`, same train / validation rows) against the truth:
-log-loss excess over the Bayes limit, NDCG@10 gap to the oracle, PCOC of the position-free pCTR
-against the true slot-1 CTR beside the floors of a perfect time-blind model, the offsets' errors
-and intervals, what ``auto`` chose, auction welfare, unseen items (:func:`evaluate_run` names each
-figure). :func:`world_table` and :func:`aggregate` print them; docs/BENCHMARKS.md, "Generalization",
-says how to read them. Seeds from 1000 on were not used to choose any default::
+A world (:mod:`hybridrank.data.worlds`) is a click log drawn from a seed with its truth. For each
+seed :func:`run_family` writes the world to parquet, trains each variant of :data:`VARIANTS` on it
+as ``hybridrank-train data=clicklog`` would (the world's column map as overrides,
+:func:`benchmarks.grid.run_grid`), exports the test split (the CLI's: the latest 20 % of sessions)
+with ``calibrator=auto`` and ``none``, and scores each variant (:func:`evaluate_run`) and the
+reference FM (:func:`reference_row`, the same train / validation rows) against the truth;
+:func:`world_table` and :func:`aggregate` print the rows (docs/BENCHMARKS.md, "Generalization",
+says how to read them). Seeds from 1000 on were not used to choose any default::
 
     python -m benchmarks.worlds --worlds 24 --seed0 1000 [--variants default,tower,...] [--size small]
         [--family longtail] [--explore-shares 0,0.01,0.05,0.1] [--pin FIELD=VALUE ...] [--extra OVERRIDE ...]
