@@ -24,8 +24,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 THIS = Path(__file__).resolve()
-#: what is searched: the package, configs, scripts, documents and tests
-SCANNED = ("hybridrank", "conf", "scripts", "docs", "tests", "README.md", "pyproject.toml")
+#: what is searched: the package, configs, scripts, benchmarks, documents and tests
+SCANNED = ("hybridrank", "conf", "scripts", "benchmarks", "docs", "tests", "README.md", "pyproject.toml")
 SUFFIXES = {".py", ".md", ".yaml", ".yml", ".toml", ".txt", ".cfg", ".ini"}
 
 _COMMENT = re.compile(r"^\s*(?:#+:?|//+|\*|>)?\s*")

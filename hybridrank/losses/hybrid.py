@@ -107,7 +107,7 @@ class HybridLoss(nn.Module):
             its sum over lists divided by BCE's denominator (the impression weight), so both
             parts are per-impression quantities. A listwise term's mean over the few lists with
             a click pulls on the logits about 1 / CTR times harder than BCE
-            (``scripts/bench_loss_mix.py``); per impression, about (clicked lists) / (clicks)
+            (docs/BENCHMARKS.md "The default loss"); per impression, about (clicked lists) / (clicks)
             times, at most 1, and the weights read as proportions of the pull.
 
     Example:

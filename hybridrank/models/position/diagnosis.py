@@ -21,7 +21,7 @@ __all__ = ["SORTED_CORRELATION", "RankDiagnosis", "RankEvidence", "Traffic", "ra
 
 #: mean within-request rank correlation of slot and relevance above which in absolute value (and
 #: 3 SE from 0) the logging policy is taken to sort by relevance. Measured on randomly built logs
-#: (scripts/bench_generalization.py): random-order logs gave -0.01 to +0.02; relevance-sorted ones
+#: (python -m benchmarks.worlds): random-order logs gave -0.01 to +0.02; relevance-sorted ones
 #: 0.14 to 0.54 with a trained model, but 0.09 when the kept checkpoint was the first epoch's (a
 #: model that has learnt little relevance sees little of the sort), hence 0.05, not 0.1; on a
 #: 6k-impression sorted log it came out -0.10 (offsets too steep, relevance compensating)

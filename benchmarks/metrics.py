@@ -5,13 +5,14 @@ Conventions are matched: linear gain, lists without a relevant item score 0 (hyb
 tie handling cannot differ). hybridrank gets padded ``[G, L]`` tensors; torchmetrics the flat
 ``(preds, target, indexes)`` form it expects. Prints a Markdown table.
 
-Usage: ``python scripts/bench_metrics.py [--requests 20000 100000] [--repeats 5]``
+Usage: ``python -m benchmarks.metrics [--requests 20000 100000] [--repeats 5]``
 """
 
 from __future__ import annotations
 
 import argparse
 import time
+from collections.abc import Sequence
 
 import torch
 from torchmetrics.retrieval import RetrievalNormalizedDCG
@@ -88,14 +89,18 @@ def bench(n_requests: int, repeats: int, tm_repeats: int) -> list[tuple]:
     return rows
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--requests", type=int, nargs="+", default=[20_000, 100_000],
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.metrics", description=__doc__.splitlines()[0])
+    p.add_argument("--requests", type=int, nargs="+", default=[20_000, 100_000],
                         help="request counts (100,000 requests of 5..15 is ~1M impressions)")
-    parser.add_argument("--repeats", type=int, default=20, help="timed calls of hybridrank")
-    parser.add_argument("--tm-repeats", type=int, default=2, help="timed calls of torchmetrics")
-    parser.add_argument("--threads", type=int, default=2, help="torch intra-op threads")
-    args = parser.parse_args()
+    p.add_argument("--repeats", type=int, default=20, help="timed calls of hybridrank")
+    p.add_argument("--tm-repeats", type=int, default=2, help="timed calls of torchmetrics")
+    p.add_argument("--threads", type=int, default=2, help="torch intra-op threads")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = parser().parse_args(argv)
     torch.set_num_threads(args.threads)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, CPU; NDCG@10, linear "
           "gain, empty lists = 0; speed-up = best torchmetrics time / best time\n")

@@ -6,7 +6,7 @@ the "Losses" section of ``docs/BENCHMARKS.md``:
 1. every loss at ``[G, L]`` = 4096×16, 1024×64, 256×256 (labels 0..2, ~70 % of slots real), with
    allRank's counterpart timed side by side in the same run when ``allrank`` is installed
    (``pip install --no-deps allrank``; its loss module is imported through
-   ``scripts/_allrank_shim.py``, which stands in for the data / cloud packages it never uses).
+   :func:`load_allrank_losses`, which stands in for the data / cloud packages it never uses).
    Each cell: median over rounds of the best of a few runs; the speed-up is allRank's time over
    ours per round, median and [min-max] over rounds. Ours and allRank alternate run by run, so a
    busy machine slows both alike;
@@ -15,29 +15,33 @@ the "Losses" section of ``docs/BENCHMARKS.md``:
 3. peak memory of ours (torch's CPU memory profiler);
 4. our padded pairwise / softmax losses against the flat-batch forms common in tutorials.
 
-Usage: ``python scripts/bench_losses.py [--quick] [--write-docs] [--rounds 5] [--threads 2]``
+Usage: ``python -m benchmarks.losses [--quick] [--write-docs] [--rounds 5] [--threads 2]``
 (about 10 minutes on 2 cores with allRank, mostly its pairwise losses at 256×256).
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
+import importlib.util
 import json
 import os
 import statistics
+import sys
 import tempfile
 import time
-from collections.abc import Callable
+import types
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
+from unittest import mock
 
-import _common as C
 import torch
 import torch.nn.functional as F
-from _allrank_shim import load_allrank_losses
 from torch.nn.utils.rnn import pad_sequence
 from torch.profiler import ProfilerActivity, profile
 
+from benchmarks import common as C
 from hybridrank.lists import pad_index
 from hybridrank.losses import LOSSES, bce_loss, ranknet_loss, softmax_loss, valid_pairs
 
@@ -48,9 +52,32 @@ SINKHORN_BYTES = 4 * 80
 MAX_BYTES = 6e9
 
 
+# --- allRank's losses, without its heavy dependencies --------------------------------------------
+def load_allrank_losses() -> types.ModuleType | None:
+    """``allrank.models.losses`` if allRank is installed (``pip install --no-deps allrank``), else None.
+
+    Its import chain imports torchvision, gcsfs and pkg_resources at module level, none of which a
+    loss uses: stand-ins (mocks) take the place of those that are missing during the import only.
+    """
+    if importlib.util.find_spec("allrank") is None:
+        return None
+
+    def missing(name: str) -> bool:
+        try:
+            return name not in sys.modules and importlib.util.find_spec(name) is None
+        except (ImportError, ValueError):  # a missing parent package
+            return True
+
+    added = [n for n in ("torchvision", "torchvision.transforms", "gcsfs", "pkg_resources") if missing(n)]
+    sys.modules.update({n: mock.MagicMock() for n in added})
+    try:
+        return importlib.import_module("allrank.models.losses")
+    finally:
+        for name in added:
+            sys.modules.pop(name, None)
+
+
 # --- timing ------------------------------------------------------------------------------------
-
-
 def _clock() -> float:
     """Wall time; with one intra-op thread the thread's CPU time, which a busy machine's
     preemptions do not inflate (all the work runs on this thread then)."""
@@ -123,22 +150,16 @@ def peak_bytes(fn: Callable[[], torch.Tensor]) -> int:
 
 
 # --- inputs and the allRank counterparts ---------------------------------------------------------
-
-
-def make_lists(g: int, length: int, seed: int = 0, full: bool = False, distinct: bool = False):
+def make_lists(g: int, length: int, seed: int = 0, distinct: bool = False):
     """Labels 0..2 (or distinct per list), and a mask with ~70 % real slots (first row full)."""
     gen = torch.Generator().manual_seed(seed)
     if distinct:
         labels = torch.argsort(torch.rand(g, length, generator=gen), dim=1).float()
     else:
         labels = torch.randint(0, 3, (g, length), generator=gen).float()
-    if full:
-        mask = torch.ones(g, length, dtype=torch.bool)
-    else:
-        n = torch.randint(max(1, length // 2), length + 1, (g,), generator=gen)
-        n[0] = length
-        mask = torch.arange(length)[None, :] < n[:, None]
-    return labels, mask
+    n = torch.randint(max(1, length // 2), length + 1, (g,), generator=gen)
+    n[0] = length
+    return labels, torch.arange(length)[None, :] < n[:, None]
 
 
 def padded_for_allrank(labels: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -224,8 +245,6 @@ def counterparts(A) -> dict[str, Counterpart]:
 
 
 # --- tables ------------------------------------------------------------------------------------
-
-
 def ms(seconds: float) -> str:
     return f"{seconds * 1e3:,.1f}" if seconds >= 0.01 else f"{seconds * 1e3:,.2f}"
 
@@ -351,13 +370,17 @@ def flat_vs_padded(batch_sizes, list_len: int, repeats: int) -> str:
                              "flat MB", "memory ratio"], rows)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="smaller shapes, for a smoke run")
-    parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds per cell")
-    parser.add_argument("--threads", type=int, default=2)
-    C.add_docs_options(parser)
-    args = parser.parse_args()
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.losses", description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="smaller shapes, for a smoke run")
+    p.add_argument("--rounds", type=int, default=5, help="interleaved rounds per cell")
+    p.add_argument("--threads", type=int, default=2)
+    C.add_docs_options(p)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = parser().parse_args(argv)
     C.check_docs_request(args, ["--quick"] if args.quick else [])
     torch.set_num_threads(args.threads)
     A = load_allrank_losses()
@@ -371,7 +394,7 @@ def main() -> None:
     allrank_note = ("allRank's counterpart in the same run, the two alternating run by run"
                     if A else "allRank not installed: `pip install --no-deps allrank` adds it")
     body = "\n\n".join([
-        f"Generated {time.strftime('%Y-%m-%d %H:%M')} by `python scripts/bench_losses.py` on "
+        f"Generated {time.strftime('%Y-%m-%d %H:%M')} by `python -m benchmarks.losses` on "
         f"{C.machine()}. Forward + backward from a leaf logits tensor, labels 0..2, ~70 % of "
         f"the slots real; {allrank_note}. A cell is the median over {rounds} rounds of the best "
         "of a few runs (with one thread: the thread's CPU time); the speed-up is allRank's time "

@@ -11,7 +11,7 @@ changes hit both alike.
 Datasets: all of MQ2008 (S1..S5, 15,211 rows x 46 features) and the MSLR-WEB subset (2 x 5,000
 rows x 136 features, CRLF).
 
-Usage: ``python scripts/bench_reader.py [--repeats 7] [--json results/reader.json]``
+Usage: ``python -m benchmarks.reader [--repeats 7] [--json results/reader.json]``
 """
 
 from __future__ import annotations
@@ -19,11 +19,12 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
-import _common as C
 import numpy as np
 
+from benchmarks import common as C
 from hybridrank.data.libsvm import read_libsvm
 
 
@@ -87,11 +88,15 @@ def best_of(files: list[Path], repeats: int) -> dict[str, float]:
                                                      for k, v in times.items()}
 
 
-def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.reader", description=__doc__.splitlines()[0])
     p.add_argument("--repeats", type=int, default=7)
     p.add_argument("--json", default=None, help="also write the numbers here")
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = parser().parse_args(argv)
     root = C.data_root() / "letor"
     datasets = {
         "MQ2008 S1..S5": [root / "MQ2008" / f"S{i}.txt" for i in range(1, 6)],

@@ -1,0 +1,553 @@
+"""The world harness: draw worlds of a family, split them, train variants, score against the truth.
+
+A world (:mod:`hybridrank.data.worlds`) is a click log drawn from a seed with its truth. For each
+seed :func:`run_family` writes the world to parquet, trains each variant of :data:`VARIANTS` on it
+as ``hybridrank-train data=clicklog`` would (the world's column map as overrides,
+:func:`benchmarks.grid.run_grid`), exports the test split (the CLI's: the latest 20 % of sessions)
+with ``calibrator=auto`` and ``none``, and scores each variant (:func:`evaluate_run`) and the
+reference FM (:func:`reference_row`, the same train / validation rows) against the truth;
+:func:`world_table` and :func:`aggregate` print the rows (docs/BENCHMARKS.md, "Generalization",
+says how to read them). Seeds from 1000 on were not used to choose any default::
+
+    python -m benchmarks.worlds --worlds 24 --seed0 1000 [--variants default,tower,...] [--size small]
+        [--family longtail] [--explore-shares 0,0.01,0.05,0.1] [--pin FIELD=VALUE ...] [--extra OVERRIDE ...]
+    python -m benchmarks.worlds --tables results/generalization.json [more.json ...]   # saved results
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import tempfile
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import polars as pl
+
+from benchmarks.baselines import fit_reference_fm
+from benchmarks.common import RESULTS, logit, parse_pin, per_request_se, sigmoid, xent
+from benchmarks.grid import run_grid
+
+__all__ = ["VARIANTS", "SPLIT", "PreparedWorld", "run_family", "run_world", "prepare_world", "split_world",
+           "world_overrides", "train_variants", "evaluate_run", "reference_row", "world_table", "aggregate",
+           "world_drift", "level_shift", "drift_floor", "floor", "slot_ctr_error", "unseen_rows"]
+
+#: name -> (hydra overrides, position as a feature?)
+VARIANTS: dict[str, tuple[list[str], bool]] = {
+    # position listed as a feature, so position_bias=auto stands aside (the tables' "default")
+    "default": ([], True),
+    # the default scorer and loss with the position tower (what position_bias=auto builds on a click log)
+    "tower": (["position_bias=tower"], False),
+    # nothing overridden, position not a feature: whatever the shipped click-log config does
+    "shipped": ([], False),
+    # position neither a feature nor a tower: a position-blind model, what a log read naively gives
+    "blind": (["position_bias=none"], False),
+    "fm": (["model=fm", "loss=bce"], True),
+    "fm_tower": (["model=fm", "loss=bce", "position_bias=tower"], False),
+}
+for _m in ("mlp", "linear", "fm", "deepfm", "dcnv2", "list_aware"):
+    for _l in ("bce", "bce_softmax", "jrc"):
+        VARIANTS[f"{_m}+{_l}+feature"] = ([f"model={_m}", f"loss={_l}"], True)
+        VARIANTS[f"{_m}+{_l}+tower"] = ([f"model={_m}", f"loss={_l}", "position_bias=tower"], False)
+
+
+def _clicklog_split() -> dict[str, Any]:
+    """The split of the shipped conf/data/clicklog.yaml (what the runs use), for the reference FM's
+    train / validation rows and the floors."""
+    from importlib.resources import files
+
+    from omegaconf import OmegaConf
+
+    node = OmegaConf.load(str(files("hybridrank.conf") / "data" / "clicklog.yaml"))
+    return dict(OmegaConf.to_container(node.source.split))
+
+
+SPLIT = _clicklog_split()
+
+
+@dataclass
+class PreparedWorld:
+    """A world written to ``dir`` (``log.parquet``, ``world.json``, ``test.parquet`` and
+    ``test_slot1.parquet``: the test rows with every position set to 1), its split, its floors."""
+
+    world: Any  # hybridrank.data.worlds.World
+    dir: Path
+    train: pl.DataFrame
+    val: pl.DataFrame
+    test: pl.DataFrame
+    pcoc_drift: float
+    pcoc_floor: float
+
+
+def split_world(world) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame]:
+    """A world's (train, val, test) frames under :data:`SPLIT`, the runs' own split."""
+    from hybridrank.data.readers import ColumnMap
+    from hybridrank.data.splits import split_frame
+
+    return split_frame(world.frame, ColumnMap(**world.columns), **SPLIT)
+
+
+def prepare_world(seed: int, work: Path, *, size: str = "small", family: str = "base",
+                  pins: Mapping[str, Any] | None = None) -> PreparedWorld:
+    """Draw world ``seed`` (``pins``: :func:`~hybridrank.data.worlds.draw_world` keywords), write
+    it under ``work/world<seed>`` and split it."""
+    from hybridrank.data.worlds import draw_world, simulate_world
+
+    world = simulate_world(draw_world(seed, size=size, family=family, **dict(pins or {})))
+    wdir = work / f"world{seed}"
+    wdir.mkdir(parents=True, exist_ok=True)
+    world.write(wdir)
+    train, val, test = split_world(world)
+    pos = world.columns["position"]
+    test.write_parquet(wdir / "test.parquet")
+    test.with_columns(pl.lit(1, dtype=test[pos].dtype).alias(pos)).write_parquet(wdir / "test_slot1.parquet")
+    return PreparedWorld(world, wdir, train, val, test, drift_floor(world, train, test), floor(world, train, test))
+
+
+def world_drift(world, frame: pl.DataFrame) -> np.ndarray:
+    """The world's true drift (logit) at each row's time."""
+    from hybridrank.data.worlds import TIME_ORIGIN, drift_logit
+
+    return drift_logit(world.spec, world.params["drift_sign"], world.params["drift_phase"],
+                       frame[world.columns["time"]].to_numpy() - TIME_ORIGIN)
+
+
+def drift_floor(world, train: pl.DataFrame, test: pl.DataFrame) -> float:
+    """PCOC at slot 1 of a perfect model that cannot see time: the truth of the test rows with
+    the world's drift replaced by its mean over the training rows (what a time-blind model
+    learns): how much of a ``pcoc_ref`` miss the drift alone accounts for; 1 without drift."""
+    z = test["true_logit"].to_numpy()
+    blind = z - world_drift(world, test) + float(np.mean(world_drift(world, train)))
+    return float(np.sum(1 / (1 + np.exp(-blind))) / np.sum(1 / (1 + np.exp(-z))))
+
+
+def level_shift(z: np.ndarray, clicks: float, tol: float = 1e-12) -> float:
+    """The shift ``c`` with ``sum sigmoid(z + c) = clicks`` (Newton; the sum rises with c)."""
+    if not 0 < clicks < z.size:
+        raise ValueError(f"need 0 < clicks < rows, got {clicks} clicks on {z.size} rows")
+    c = math.log(clicks / float(np.sum(1 / (1 + np.exp(-z)))))
+    for _ in range(100):
+        p = 1 / (1 + np.exp(-(z + c)))
+        step = (clicks - float(p.sum())) / float((p * (1 - p)).sum())
+        c += step
+        if abs(step) < tol:
+            break
+    return c
+
+
+def floor(world, train: pl.DataFrame, test: pl.DataFrame) -> float:
+    """PCOC at slot 1 of the best a time-blind model can do with these clicks: the truth, its
+    drift replaced by the training mean, its level fitted to the training clicks (``Σ σ(logit +
+    c) = clicks`` over the training rows at their logged slots). Drift and the clicks' sampling
+    noise together; a world whose floor lies outside [0.97, 1.03] leaves little room for the
+    [0.95, 1.05] band (``python -m benchmarks.offsets`` has the clicks' part alone)."""
+    mean_drift = float(np.mean(world_drift(world, train)))
+    z_train = logit(train["true_p"].to_numpy()) - world_drift(world, train) + mean_drift
+    clicks = float((train[world.columns["label"]].to_numpy() > 0).sum())
+    if not 0 < clicks < train.height:
+        return math.nan
+    c = level_shift(z_train, clicks)
+    ref = test["true_p_ref"].to_numpy()
+    return float(np.sum(sigmoid(logit(ref) - world_drift(world, test) + mean_drift + c)) / ref.sum())
+
+
+def world_overrides(world, path: Path, position_feature: bool) -> list[str]:
+    """``data=clicklog`` on ``path`` with the world's column map; position a numeric feature or
+    not; marked exploration traffic mapped, as a user with such traffic would."""
+    cols = dict(world.columns)
+    cols["numeric"] = [c for c in cols["numeric"] if c != cols["position"]] + (
+        [cols["position"]] if position_feature else [])
+    cols["explore"] = world.extra.get("explore")
+    out = ["data=clicklog", f"data.source.path={path}", "intervals.n_boot=0"]
+    for key in ("request", "label", "session", "user", "time", "position", "item", "bid", "true_p", "explore"):
+        out.append(f"data.source.columns.{key}={cols[key] if cols[key] is not None else 'null'}")
+    out.append("data.source.columns.numeric=[" + ",".join(cols["numeric"]) + "]")
+    out.append("data.source.columns.categorical=[" + ",".join(cols["categorical"]) + "]")
+    return out
+
+
+def train_variants(w: PreparedWorld, variants: Sequence[str], extra: Sequence[str] = ()) -> dict[str, dict]:
+    """Train each variant on the world's log (runs kept under ``w.dir/runs/<variant>``);
+    ``{variant: run_grid row}``."""
+    sets = {v: [*world_overrides(w.world, w.dir / "log.parquet", VARIANTS[v][1]), *VARIANTS[v][0], *extra]
+            for v in variants}
+    return {row["name"]: row for row in run_grid(sets, None, out_dir=w.dir / "runs")}
+
+
+def export_scores(checkpoint: str, inp: Path, out: Path, calibrator: str, *extra: str) -> tuple[pl.DataFrame, dict]:
+    """``hybridrank-export`` in-process: (scores frame, metadata)."""
+    from hydra import compose, initialize_config_module
+
+    from hybridrank.cli.export import export
+    from hybridrank.serving.export import read_scores
+
+    with initialize_config_module("hybridrank.conf", version_base="1.3"):
+        cfg = compose("export", overrides=[f"checkpoint={checkpoint}", f"input={inp}", f"output={out}",
+                                           f"calibrator={calibrator}", f"paths.output_dir={out.parent}", *extra])
+    export(cfg)
+    return read_scores(out)
+
+
+def _offsets(keys: pl.Series) -> np.ndarray:
+    from hybridrank.metrics.request_stats import request_offsets
+
+    return request_offsets(keys)[0].astype(np.int64)
+
+
+def _ndcg10(score: np.ndarray, gain: np.ndarray, offsets: np.ndarray) -> float:
+    """Mean NDCG@10 with linear gain over requests (ties averaged), via hybridrank.metrics."""
+    import torch
+
+    from hybridrank.lists import gather_lists, pad_index
+    from hybridrank.metrics.ranking import ndcg
+
+    index, mask = pad_index(torch.from_numpy(np.diff(offsets)))
+    s = gather_lists(torch.from_numpy(score.astype(np.float64)), index, mask)
+    g = gather_lists(torch.from_numpy(gain.astype(np.float64)), index, mask)
+    return float(ndcg(s, g, mask=mask, k=10, gain="linear"))
+
+
+def _welfare(frame: pl.DataFrame, score: np.ndarray, truth: np.ndarray, world, request: str, bid: str) -> float:
+    from hybridrank.serving.auction import replay_auctions
+
+    base = float(np.mean(truth))
+    factors = [1.0] + [float(sigmoid(math.log(base / (1 - base)) + world.offsets[j]) / base) for j in (2, 3)]
+    # the replay wants factors that never rise with the slot (GSP gives slot 1 the highest eCPM)
+    factors = np.minimum.accumulate(np.minimum(np.array(factors), 1.0))
+    res = replay_auctions(frame[bid].to_numpy(), score, request_ids=frame[request].to_numpy(),
+                          true_pctr=truth, slots=3, slot_factors=factors, mechanism="gsp")
+    return float(res.model.welfare.sum() / max(res.oracle.welfare.sum(), 1e-300))
+
+
+def slot_ctr_error(z_model: np.ndarray, z_true: np.ndarray, offsets: np.ndarray, true_offsets: np.ndarray) -> float:
+    """``slot_err``: the largest ``|log(PCOC_j / PCOC_1)|`` over slots ``j >= 2``, where ``PCOC_j``
+    is ``sum sigmoid(z_model + offsets[j - 1]) / sum sigmoid(z_true + true_offsets[j - 1])`` over
+    the candidates: how far the slot CTRs a model's offsets imply are from the truth's, its level
+    aside. A model that cannot resolve all of an item's relevance is calibrated with offsets
+    flatter than the truth's, so ``offset_err`` can be large where the slot CTRs are right."""
+    pcoc = [float(sigmoid(z_model + b).sum() / sigmoid(z_true + t).sum()) for b, t in zip(offsets, true_offsets)]
+    return float(max(abs(math.log(pc / pcoc[0])) for pc in pcoc[1:]))
+
+
+def unseen_rows(seen: pl.Series, items: pl.Series, pctr: np.ndarray, p_ref: np.ndarray) -> dict[str, Any]:
+    """``new_share``: the share of test impressions whose item id is not in ``seen`` (the training
+    rows' items; compared as strings); ``pcoc_new`` / ``pcoc_seen``: PCOC at the reference slot on
+    those and on the others (None where there are none)."""
+    new = ~np.isin(items.cast(pl.String).to_numpy(), seen.cast(pl.String).unique().to_numpy())
+    out: dict[str, Any] = {"new_share": float(new.mean())}
+    for name, m in (("pcoc_new", new), ("pcoc_seen", ~new)):
+        out[name] = float(pctr[m].sum() / p_ref[m].sum()) if m.any() else None
+    return out
+
+
+def evaluate_run(w: PreparedWorld, name: str, run: Mapping[str, Any]) -> dict[str, Any]:
+    """The row of variant ``name`` (its :func:`train_variants` row ``run``) against the truth:
+
+    - ``excess``: expected test log loss at the logged slots minus the Bayes limit; ``ndcg_gap``:
+      the oracle's NDCG@10 minus the model's, the true slot-1 CTR as linear gain;
+    - ``pcoc_ref``: PCOC of the position-free pCTR (a tower's reference slot, a position-as-feature
+      model at position 1, a blind model's one score) against ``true_p_ref``; ``pcoc_ref_none``
+      without the calibrator, ``pcoc_static`` with ``level_trend.mode=off``, ``trend`` the level
+      trend the export applied (logit per day); ``pcoc_drift`` (:func:`drift_floor`),
+      ``pcoc_floor`` (:func:`floor`);
+    - ``offset_err``: the largest error of the tower's offsets of slots 2..min(10, longest list),
+      ``offsets_covered``, ``slot_err`` (:func:`slot_ctr_error`), the diagnosis (``identified``,
+      ``precise``, ``rank_corr``) and the serving level's interval (``level_lo``, ``level_hi``,
+      ``level_covered``);
+    - ``auto``: what ``calibrator=auto`` chose; ``d_ll`` ± ``d_ll_se``: test log loss with it minus
+      without it, SE over requests; ``welfare``: a GSP replay's (3 slots, the true slot curve, the
+      logged bids) as a share of the oracle allocation's; :func:`unseen_rows`; ``epochs``, ``stop``.
+    """
+    world, test, cols = w.world, w.test, w.world.columns
+    metrics = run["result"]
+    ckpt, training = metrics["best_checkpoint"], metrics.get("training", {})
+    stop = str(training.get("stopped_because"))
+    row: dict[str, Any] = {"variant": name, "epochs": training.get("epochs"), "best_epoch": training.get("best_epoch"),
+                           "stop": "criterion" if stop.startswith("early stopping") else stop,
+                           "seconds": round(run["seconds"], 1), "pcoc_drift": w.pcoc_drift, "pcoc_floor": w.pcoc_floor}
+    scratch = w.dir / "scores"
+    scratch.mkdir(exist_ok=True)
+    tag = name.replace("+", "_")
+
+    def scores(inp: str, suffix: str, calibrator: str, *extra: str) -> tuple[pl.DataFrame, dict]:
+        return export_scores(ckpt, w.dir / inp, scratch / f"{tag}_{suffix}.parquet", calibrator, *extra)
+
+    key = ["request_id", "item_id"]  # the export's names for the mapped request and item columns
+    truth = test.select(pl.col(cols["request"]).alias("request_id"), pl.col(cols["item"]).alias("item_id"),
+                        "true_p", "true_p_ref", pl.col(cols["label"]).alias("click"),
+                        pl.col(cols["bid"]).alias("bid_log"))
+    auto, meta = scores("test.parquet", "auto", "auto")
+    a = auto.join(truth, on=key, how="left", maintain_order="left")
+    n = scores("test.parquet", "none", "none")[0].join(truth, on=key, how="left", maintain_order="left")
+    assert a["true_p"].null_count() == 0 and a.height == test.height
+    offsets = _offsets(a["request_id"])
+    p_true, p_ref, y = a["true_p"].to_numpy(), a["true_p_ref"].to_numpy(), a["click"].to_numpy()
+
+    def at_slot1(frame: pl.DataFrame) -> np.ndarray:
+        return frame.join(truth.select(key), on=key, how="right", maintain_order="right")["pctr"].to_numpy()
+
+    if VARIANTS[name][1]:  # position as a feature: the position-free pCTR is the score at slot 1
+        logged_auto, logged_none = a["pctr"].to_numpy(), n["pctr"].to_numpy()
+        ref_auto = at_slot1(scores("test_slot1.parquet", "s1", "auto")[0])
+        ref_none = at_slot1(scores("test_slot1.parquet", "s1n", "none")[0])
+        ref_static = at_slot1(scores("test_slot1.parquet", "s1s", "auto", "level_trend.mode=off")[0])
+    else:  # a tower's reference slot; a position-blind model scores every slot alike
+        at = "pctr_at_position" if "pctr_at_position" in a.columns else "pctr"
+        logged_auto, logged_none = a[at].to_numpy(), n[at].to_numpy()
+        ref_auto, ref_none = a["pctr"].to_numpy(), n["pctr"].to_numpy()
+        st = scores("test.parquet", "static", "auto", "level_trend.mode=off")[0]
+        ref_static = st.join(truth.select(key), on=key, how="left", maintain_order="left")["pctr"].to_numpy()
+        info = meta.get("position_bias") or {}
+        learned = np.asarray(info.get("logit_offsets", []), dtype=np.float64)
+        top = int(min(10, world.spec.max_len, learned.size))
+        if top >= 2:
+            row["offset_err"] = float(np.max(np.abs(learned[1:top] - world.offsets[2:top + 1])))
+            row["offsets"] = [round(float(v), 3) for v in learned[:top]]
+            row["true_offsets"] = [round(float(v), 3) for v in world.offsets[1:top + 1]]
+            lo, hi = info.get("lower") or [], info.get("upper") or []
+            inside = [lo[j] <= world.offsets[j + 1] <= hi[j] for j in range(1, top)
+                      if j < len(lo) and lo[j] is not None and hi[j] is not None]
+            row["offsets_covered"] = f"{sum(inside)}/{len(inside)}" if inside else None
+            row["slot_err"] = slot_ctr_error(logit(ref_none), logit(p_ref), learned[:top],
+                                             np.asarray(world.offsets[1:top + 1]))
+        if info.get("serving_level"):  # its coverage is read below, against pcoc_ref_none
+            row["level_lo"], row["level_hi"] = info["serving_level"]["interval_logit"]
+        ident = info.get("identifiability") or {}
+        row.update(identified=ident.get("identified"), precise=ident.get("precise"),
+                   rank_corr=ident.get("rank_correlation"))
+    bayes = float(np.mean(xent(p_true, p_true)))
+    row["excess"] = float(np.mean(xent(logged_none, p_true))) - bayes
+    row["excess_auto"] = float(np.mean(xent(logged_auto, p_true))) - bayes
+    row["ndcg_gap"] = _ndcg10(p_ref, p_ref, offsets) - _ndcg10(ref_none, p_ref, offsets)
+    row["pcoc_ref"] = float(ref_auto.sum() / p_ref.sum())
+    row["pcoc_ref_none"] = float(ref_none.sum() / p_ref.sum())
+    row["pcoc_static"] = float(ref_static.sum() / p_ref.sum())
+    if "level_lo" in row:
+        # held when the true level, about the estimate's minus log PCOC at a small click rate,
+        # lies in [estimate + lo, estimate + hi]
+        row["level_covered"] = bool(-row["level_hi"] <= math.log(row["pcoc_ref_none"]) <= -row["level_lo"])
+    trend = meta.get("level_trend") or {}
+    row["trend"] = trend.get("slope_per_day") if trend.get("applied") else None
+    row["trend_verdict"] = trend.get("verdict")
+    ll_auto, ll_none = xent(logged_auto, y), xent(logged_none, y)
+    row["d_ll"] = float(np.mean(ll_auto - ll_none))
+    row["d_ll_se"] = per_request_se(ll_auto - ll_none, offsets)
+    cal = meta.get("calibrator") or {}
+    row["auto"] = (cal.get("chosen") or {}).get("name", cal.get("name"))
+    row["welfare"] = _welfare(a, ref_auto, p_ref, world, "request_id", "bid_log")
+    row.update(unseen_rows(w.train[cols["item"]], a["item_id"], ref_auto, p_ref))
+    return row
+
+
+def reference_row(w: PreparedWorld) -> dict[str, Any]:
+    """The reference FM's row, trained on the world's train / validation rows."""
+    world, test = w.world, w.test
+    cols = dict(world.columns)
+    cols["numeric"] = [c for c in cols["numeric"] if c != cols["position"]]
+    t0 = time.perf_counter()
+    predict = fit_reference_fm(w.train, w.val, cols)
+    p_true, p_ref = test["true_p"].to_numpy(), test["true_p_ref"].to_numpy()
+    logged, ref = predict(test, slot=None), predict(test, slot=1)
+    offsets = _offsets(test[cols["request"]])
+    bayes = float(np.mean(xent(p_true, p_true)))
+    return {"variant": "reference FM", "pcoc_drift": w.pcoc_drift, "pcoc_floor": w.pcoc_floor,
+            "excess": float(np.mean(xent(logged, p_true))) - bayes,
+            "ndcg_gap": _ndcg10(p_ref, p_ref, offsets) - _ndcg10(ref, p_ref, offsets),
+            "pcoc_ref": float(ref.sum() / p_ref.sum()), "epochs": predict.epochs,
+            **unseen_rows(w.train[cols["item"]], test[cols["item"]], ref, p_ref),
+            "welfare": _welfare(test, ref, p_ref, world, cols["request"], cols["bid"]),
+            "seconds": round(time.perf_counter() - t0, 1)}
+
+
+def run_world(seed: int, variants: Sequence[str], work: Path, *, size: str = "small", family: str = "base",
+              pins: Mapping[str, Any] | None = None, extra: Sequence[str] = (), reference: bool = True
+              ) -> dict[str, Any]:
+    """One world's result: ``{"seed", "describe", "spec", "impressions", "rows", "seconds"}``."""
+    t0 = time.perf_counter()
+    w = prepare_world(seed, work, size=size, family=family, pins=pins)
+    runs = train_variants(w, variants, extra)
+    t_train = time.perf_counter() - t0
+    rows = [evaluate_run(w, v, runs[v]) for v in variants] + ([reference_row(w)] if reference else [])
+    return {"seed": seed, "describe": w.world.spec.describe(), "spec": w.world.spec.to_dict(),
+            "impressions": w.world.frame.height, "rows": rows,
+            "seconds": {"train": round(t_train, 1), "total": round(time.perf_counter() - t0, 1)}}
+
+
+def run_family(family: str = "base", seeds: Sequence[int] = range(1000, 1024),
+               variants: Sequence[str] = ("default", "tower", "fm", "fm_tower"), *, size: str = "small",
+               pins: Mapping[str, Any] | None = None, explore_shares: Sequence[float] | None = None,
+               extra: Sequence[str] = (), reference: bool = True, work: Path | None = None,
+               progress: Callable[[dict], None] | None = None) -> list[dict[str, Any]]:
+    """Draw one world of ``family`` per seed and score every variant on it (:func:`run_world`).
+
+    Args:
+        family: a world family (:data:`hybridrank.data.worlds.FAMILIES`: ``base``, ``longtail``).
+        seeds: world seeds. variants: names of :data:`VARIANTS`.
+        size: ``tiny`` or ``small``. pins: world fields fixed for every world (``draw_world``
+            keywords, e.g. ``{"logging": "random"}``).
+        explore_shares: the confounded-logging family: worlds sorted by a noisy relevance estimate,
+            each with the next of these exploration shares, the exploration requests marked.
+        extra: hydra overrides for every run. reference: add the reference FM's row.
+        work: keep the worlds and runs here (default: a temporary folder).
+        progress: called with each world's result as it is done.
+
+    Returns:
+        One result per world (:func:`run_world`), for :func:`world_table` and :func:`aggregate`.
+    """
+    unknown = [v for v in variants if v not in VARIANTS]
+    if unknown:
+        raise ValueError(f"unknown variants {unknown}; known: {sorted(VARIANTS)}")
+    results = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for i, seed in enumerate(seeds):
+            world_pins = dict(pins or {})
+            if explore_shares:
+                world_pins.update(logging="sorted", explore_share=explore_shares[i % len(explore_shares)],
+                                  mark_explore=True)
+            results.append(run_world(seed, variants, Path(work or tmp), size=size, family=family,
+                                     pins=world_pins, extra=extra, reference=reference))
+            if progress is not None:
+                progress(results[-1])
+    return results
+
+
+#: slot CTRs "within 0.1": ``slot_err <= 0.1`` (a CTR ratio off by about 10 %), the scale of the
+#: offsets' 0.1-logit criterion, so that the two columns compare
+SLOT_TOL = 0.1
+COLS = ("excess", "ndcg_gap", "pcoc_ref", "pcoc_ref_none", "pcoc_static", "trend", "pcoc_drift", "pcoc_floor",
+        "offset_err", "slot_err", "offsets_covered", "identified", "precise", "auto", "d_ll", "welfare",
+        "new_share", "pcoc_new", "pcoc_seen", "epochs", "stop")
+
+
+def _fmt(v: Any) -> str:
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "-"
+    if isinstance(v, float):
+        return f"{v:.4f}" if abs(v) < 10 else f"{v:.1f}"
+    return str(v)
+
+
+def world_table(results: Sequence[Mapping[str, Any]]) -> str:
+    """One line per world and variant, the columns :data:`COLS`."""
+    lines = ["| world | variant | " + " | ".join(COLS) + " |", "|---" * (len(COLS) + 2) + "|"]
+    for r in results:
+        for row in r["rows"]:
+            cells = [_fmt(row.get(c)) for c in COLS]
+            if row.get("d_ll") is not None and row.get("d_ll_se") is not None:
+                cells[COLS.index("d_ll")] = f"{row['d_ll']:+.5f} ± {row['d_ll_se']:.5f}"
+            lines.append(f"| {r['seed']} | {row['variant']} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def aggregate(results: Sequence[Mapping[str, Any]]) -> str:
+    """Per variant: medians, and the worlds meeting each target (identifiable worlds: random
+    order, or exploration marked in a column the model is given)."""
+    by: dict[str, list[dict]] = {}
+    for r in results:
+        for row in r["rows"]:
+            by.setdefault(row["variant"], []).append({**row, "_world": r})
+    lines = ["| variant | worlds | median excess | median NDCG gap | PCOC@ref in [0.95, 1.05] | "
+             "... where the drift floor is in [0.97, 1.03] | ... where the floor (drift and clicks) is | "
+             "offsets within 0.1 | offsets within 0.2 | slot CTRs within 0.1 (slot_err) | "
+             "level interval holds the truth | diagnosis fired (unidentifiable / identifiable) | "
+             "auto > 1 SE worse | median welfare | stopped on criterion |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+
+    def share(pred, pool) -> str:
+        pool = [x for x in pool if pred(x) is not None]
+        return f"{sum(1 for x in pool if pred(x))}/{len(pool)}" if pool else "-"
+
+    def within(key: str, tol: float):
+        return lambda x: None if x.get(key) is None else x[key] <= tol
+
+    def fired(x):
+        return None if x.get("identified") is None else not x["identified"]
+
+    def in_band(x):
+        return 0.95 <= x["pcoc_ref"] <= 1.05
+
+    for name, rows in by.items():
+        spec = [x["_world"]["spec"] for x in rows]
+        identifiable = [x for x, s in zip(rows, spec)
+                        if s["explore_share"] == 1.0 or (s["explore_share"] > 0 and s["mark_explore"])]
+        unidentifiable = [x for x in rows if x not in identifiable]
+        steady = [x for x in identifiable if x.get("pcoc_drift") is not None and 0.97 <= x["pcoc_drift"] <= 1.03]
+        reachable = [x for x in identifiable if x.get("pcoc_floor") is not None and 0.97 <= x["pcoc_floor"] <= 1.03]
+        lines.append(
+            f"| {name} | {len(rows)} | {_fmt(float(np.median([x['excess'] for x in rows])))} | "
+            f"{_fmt(float(np.median([x['ndcg_gap'] for x in rows])))} | {share(in_band, identifiable)} | "
+            f"{share(in_band, steady)} | {share(in_band, reachable)} | "
+            f"{share(within('offset_err', 0.1), identifiable)} | {share(within('offset_err', 0.2), identifiable)} | "
+            f"{share(within('slot_err', SLOT_TOL), identifiable)} | "
+            f"{share(lambda x: x.get('level_covered'), identifiable)} | "
+            f"{share(fired, unidentifiable)} / {share(fired, identifiable)} | "
+            f"{share(lambda x: None if x.get('d_ll') is None else x['d_ll'] > x['d_ll_se'], rows)} | "
+            f"{_fmt(float(np.median([x['welfare'] for x in rows])))} | "
+            f"{share(lambda x: None if x.get('stop') is None else x['stop'] == 'criterion', rows)} |")
+    return "\n".join(lines)
+
+
+def _variants(text: str) -> list[str]:
+    names = [v.strip() for v in text.split(",") if v.strip()]
+    unknown = [v for v in names if v not in VARIANTS]
+    if unknown:
+        raise argparse.ArgumentTypeError(f"unknown variants {unknown}; known: {sorted(VARIANTS)}")
+    return names
+
+
+def parser() -> argparse.ArgumentParser:
+    from hybridrank.data.worlds import FAMILIES
+
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.worlds", description=__doc__.splitlines()[0])
+    ap.add_argument("--worlds", type=int, default=24)
+    ap.add_argument("--seed0", type=int, default=1000)
+    ap.add_argument("--size", default="small", choices=("tiny", "small"))
+    ap.add_argument("--family", default="base", choices=FAMILIES,
+                    help="world family: base, or longtail (heavy-tailed user activity, users unseen before "
+                         "the test period, dense item side features, user x item latent interactions)")
+    ap.add_argument("--variants", type=_variants, default="default,tower,fm,fm_tower")
+    ap.add_argument("--no-reference", action="store_true", help="skip the reference FM")
+    ap.add_argument("--out", type=Path, default=RESULTS / "generalization.json")
+    ap.add_argument("--keep", type=Path, default=None, help="keep the worlds and runs here")
+    ap.add_argument("--extra", nargs="*", default=[], help="hydra overrides for every run")
+    ap.add_argument("--pin", nargs="*", default=[], metavar="FIELD=VALUE",
+                    help="pin world fields (draw_world keywords), e.g. logging=random")
+    ap.add_argument("--explore-shares", default=None,
+                    help="confounded-logging family: worlds sorted by a noisy relevance estimate, each with "
+                         "the next of these exploration shares (e.g. 0,0.01,0.05,0.1), marked in a column")
+    ap.add_argument("--tables", nargs="+", type=Path, default=None, metavar="JSON",
+                    help="print the world and aggregate tables of saved --out files (merged), run nothing")
+    return ap
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    a = parser().parse_args(argv)
+    if a.tables:
+        results = [r for path in a.tables for r in json.loads(path.read_text())["results"]]
+        print(world_table(results) + "\n\n## Aggregate\n\n" + aggregate(results))
+        return 0
+    t_all = time.perf_counter()
+
+    def progress(result: dict) -> None:
+        print(f"# {result['describe']} ({result['seconds']['total']:.0f} s)", flush=True)
+        print(world_table([result]), flush=True)
+
+    results = run_family(a.family, range(a.seed0, a.seed0 + a.worlds), a.variants, size=a.size,
+                         pins=dict(parse_pin(x) for x in a.pin), extra=a.extra, reference=not a.no_reference,
+                         explore_shares=[float(x) for x in a.explore_shares.split(",")] if a.explore_shares else None,
+                         work=a.keep, progress=progress)
+    a.out.parent.mkdir(parents=True, exist_ok=True)
+    a.out.write_text(json.dumps({"results": results, "variants": a.variants,
+                                 "seconds": time.perf_counter() - t_all}, indent=1, default=str))
+    print("\n## Aggregate\n\n" + aggregate(results))
+    print(f"\n{len(results)} worlds in {(time.perf_counter() - t_all) / 60:.1f} min; {a.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
