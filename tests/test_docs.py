@@ -27,9 +27,6 @@ THIS = Path(__file__).resolve()
 #: what is searched: the package, configs, scripts, documents and tests
 SCANNED = ("hybridrank", "conf", "scripts", "docs", "tests", "README.md", "pyproject.toml")
 SUFFIXES = {".py", ".md", ".yaml", ".yml", ".toml", ".txt", ".cfg", ".ini"}
-#: docs/BENCHMARKS.md is being rewritten as a reference (issue 37): its dated research record
-#: still carries work-period labels in headings and prose. Remove this exemption with the rewrite.
-LABELS_EXEMPT = {"docs/BENCHMARKS.md"}
 
 _COMMENT = re.compile(r"^\s*(?:#+:?|//+|\*|>)?\s*")
 _NUMBER = r"\d+[a-z]?(?:\.\d+)*"
@@ -179,8 +176,6 @@ def work_period_labels(files: list[Path], root: Path = ROOT) -> list[str]:
     """``path:line: text`` and the match of every work-period label in ``files``."""
     found = []
     for path in files:
-        if path.relative_to(root).as_posix() in LABELS_EXEMPT:
-            continue
         joined = Joined.read(path)
         hits = []
         for pattern in LABELS:

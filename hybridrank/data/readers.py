@@ -85,8 +85,8 @@ class ColumnMap:
             ``log(position)`` before standardising, ``"identity"`` as it is. Click rates fall
             steeply over the first slots and flatten deep in a list: standardised raw positions
             of long lists put slots 1 and 2 a few hundredths of a standard deviation apart, and
-            a scorer smooths the top slots' effect away (docs/BENCHMARKS.md, "Position as a
-            feature"). Schemas stored without the key read ``"identity"`` (how they were trained).
+            a scorer smooths the top slots' effect away (docs/BENCHMARKS.md, "Position modes").
+            Schemas stored without the key read ``"identity"`` (how they were trained).
     """
 
     request: str | list[str]

@@ -83,7 +83,7 @@ def block_gaps(logits: Tensor, clicks: Tensor, weights: Tensor, block: Tensor, n
     and falls short of it when they spread: averaging probabilities flattens a logit shift by
     ``1 - Var(p) / (p̄ (1 - p̄))``. At a 12 % click rate with logits of sd 1.4 a linear drift's
     slope came out 0.83 of the truth that way, and trained models on randomly built 400k logs at
-    12 % CTR read 0.53-0.64 of it (docs/BENCHMARKS.md, "The level gap"). Returns the blocks'
+    12 % CTR read 0.53-0.64 of it (docs/BENCHMARKS.md, "Following the trend"). Returns the blocks'
     indices, gaps and variances (float64).
 
     >>> z = torch.full((200,), -2.0); y = torch.zeros(200); y[:30] = 1

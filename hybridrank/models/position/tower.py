@@ -75,7 +75,7 @@ class PositionBias(nn.Module):
             replicates and diagnosis included). The per-epoch updates use logits gathered while
             the weights still move, which spread less than the final model's: on randomly built
             logs with many clicks that left the deep slots' offsets about 0.05 logit too close to
-            zero (docs/BENCHMARKS.md, "Random-order worlds at 400k impressions").
+            zero (docs/BENCHMARKS.md, "When the offsets can be trusted").
         dropout: the share of training impressions whose offset the relevance model's loss does
             not see (replaced by the batch's mean offset; :meth:`drop_offsets`), after the
             position-feature dropout of Zhao et al. (2019): on a log sorted by relevance the
