@@ -1,41 +1,63 @@
-"""Training throughput: impressions per second for one epoch on a ~1M-impression simulated log.
+"""Training throughput, side by side in one run: impressions per second of one timed epoch.
 
-Measures, side by side in one run on the default model (embeddings + MLP, BCE + softmax CE):
-- the data path alone (sampler + vectorised collation into padded batches),
-- a plain PyTorch loop (data + forward + backward + Adam step),
-- the Lightning ``Trainer`` epoch (what ``hybridrank-train`` runs), with the share of the epoch
-  spent waiting on data (time between the end of one batch and the start of the next).
+For every combination of device (``cpu``; ``cuda`` where present), precision, batch budget,
+scorer and loss, on one simulated log, after a warm-up epoch of each path:
 
-Usage: python scripts/bench_train.py [--users 9200] [--budget 4096] [--scope request]
+- **floor**: the compute alone, a plain loop (``training_step`` + backward + Adam) over batches
+  built beforehand and already on the device: what no data path can beat;
+- **plain loop**: the same loop over the data module's live batches (batch building included);
+- **Lightning**: the ``Trainer`` epoch that ``hybridrank-train`` runs (its logging, hooks and
+  loop), with the share of the epoch spent waiting for the next batch and the ratio to the plain
+  loop (what the framework costs);
+- **peak memory**: the device's peak allocated memory during the Lightning epoch (CUDA only).
+
+The model is built from the shipped configs (``model=<scorer> loss=<loss>``), as
+``hybridrank-train`` builds it; the position tower is off (the simulator's position is a feature).
+Timings are wall-clock: run it on an idle machine and compare rows of one run, not runs.
+
+Usage::
+
+    python scripts/bench_train.py                                  # cpu, 4,096, mlp, bce
+    python scripts/bench_train.py --devices cpu,cuda --precisions 32-true,bf16-mixed \\
+        --budgets 4096,65536 --scorers mlp,dcnv2 --losses bce,bce_lambdaloss --users 27500
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import itertools
 import time
+from dataclasses import dataclass
 
 import pytorch_lightning as pl
 import torch
+from hydra import compose, initialize_config_module
 
+from hybridrank.cli.train import CONF_MODULE, build_model
 from hybridrank.data.datamodule import ListDataModule
 from hybridrank.data.sources import SimulatedSource
-from hybridrank.lists import gather_lists
-from hybridrank.losses import HybridLoss
-from hybridrank.models.ranker import HybridRanker
-from hybridrank.models.scorers import MLPScorer
 
 
 class DataWait(pl.Callback):
-    """Accumulates the time between one batch's end and the next batch's start (data fetching)."""
+    """Seconds of the last training epoch, and of it the time between one batch's end and the
+    next one's start (fetching the batch), with the impressions trained on."""
 
-    def __init__(self):
-        self.wait = 0.0
-        self.t_end = None
-        self.t0 = None
+    def __init__(self, cuda: bool):
+        self.cuda = cuda
+        self.total = self.wait = 0.0
         self.n = 0
 
+    def _sync(self) -> None:
+        if self.cuda:
+            torch.cuda.synchronize()
+
     def on_train_epoch_start(self, trainer, module):
+        self._sync()
         self.t0 = self.t_end = time.perf_counter()
+        self.wait, self.n = 0.0, 0
+        if self.cuda:
+            torch.cuda.reset_peak_memory_stats()
 
     def on_train_batch_start(self, trainer, module, batch, batch_idx):
         self.wait += time.perf_counter() - self.t_end
@@ -45,76 +67,131 @@ class DataWait(pl.Callback):
         self.t_end = time.perf_counter()
 
     def on_train_epoch_end(self, trainer, module):
+        self._sync()
         self.total = time.perf_counter() - self.t0
+        self.peak = torch.cuda.max_memory_allocated() if self.cuda else None
 
 
-def make_loss() -> HybridLoss:
-    return HybridLoss(point_weight=0.5, terms={"softmax": {"loss": "softmax", "weight": 0.5}})
+@dataclass
+class Row:
+    device: str
+    precision: str
+    budget: int
+    scorer: str
+    loss: str
+    floor: float
+    plain: float
+    lightning: float
+    wait_share: float
+    peak_mib: float | None
+
+
+def _autocast(device: str, precision: str):
+    if precision.startswith("bf16"):
+        return torch.autocast(device_type=device, dtype=torch.bfloat16)
+    if precision.startswith("16"):
+        return torch.autocast(device_type=device, dtype=torch.float16)
+    return contextlib.nullcontext()
+
+
+def _steps(model, batches, device: str, precision: str) -> tuple[float, int]:
+    """Seconds and impressions of one pass of plain training steps over ``batches``."""
+    opt = model.configure_optimizers()
+    opt = opt["optimizer"] if isinstance(opt, dict) else opt
+    model.train()
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    sync()
+    t, n = time.perf_counter(), 0
+    for i, b in enumerate(batches):
+        with _autocast(device, precision):
+            loss = model.training_step(b, i)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        n += len(b)
+    sync()
+    return time.perf_counter() - t, n
+
+
+def measure(splits, device: str, precision: str, budget: int, scorer: str, loss: str,
+            warmup: int) -> Row:
+    with initialize_config_module(CONF_MODULE, version_base="1.3"):
+        cfg = compose("config", overrides=[f"model={scorer}", f"loss={loss}", "position_bias=none",
+                                           "paths.output_dir=.", f"data.budget={budget}"])
+    dm = ListDataModule(splits=splits, budget=budget, max_unit_size=min(512, budget),
+                        device=device, device_batches=device != "cpu")
+    cuda = device == "cuda"
+
+    def fresh_model():
+        torch.manual_seed(0)
+        m = build_model(cfg, dm).to(device)
+        m.set_value_counts(dm.value_counts())  # unseen-value dropout, as a fit sets it up
+        return m
+
+    # floor: every batch of an epoch built first, on the device
+    model = fresh_model()
+    batches = list(dm.train_stream(0))
+    for _ in range(warmup):
+        _steps(model, batches, device, precision)
+    floor_s, n = _steps(model, batches, device, precision)
+    del batches
+    # plain loop over live batches
+    model = fresh_model()
+    for e in range(warmup):
+        _steps(model, dm.train_stream(e), device, precision)
+    plain_s, _ = _steps(model, dm.train_stream(warmup), device, precision)
+    # the Lightning epoch
+    model = fresh_model()
+    wait = DataWait(cuda)
+    # the shipped trainer settings that act on a training epoch; no checkpoints, no validation
+    shipped = {k: cfg.trainer[k] for k in ("deterministic", "log_every_n_steps",
+                                           "use_distributed_sampler", "reload_dataloaders_every_n_epochs")}
+    trainer = pl.Trainer(accelerator="gpu" if cuda else "cpu", devices=1, precision=precision,
+                         max_epochs=warmup + 1, logger=False, enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0,
+                         num_sanity_val_steps=0, callbacks=[wait], **shipped)
+    trainer.fit(model, datamodule=dm)
+    return Row(device, precision, budget, scorer, loss, n / floor_s, n / plain_s, wait.n / wait.total,
+               wait.wait / wait.total, None if wait.peak is None else wait.peak / 2**20)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--users", type=int, default=9200, help="simulated users (9,200 ~ 1M impressions)")
-    ap.add_argument("--budget", type=int, default=4096, help="impressions per batch")
-    ap.add_argument("--scope", default="request", help="ranking-term scope: request | session | user")
-    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--devices", default="cpu", help="comma-separated: cpu, cuda")
+    ap.add_argument("--precisions", default="32-true", help="comma-separated Lightning precisions")
+    ap.add_argument("--budgets", default="4096", help="comma-separated impressions per batch")
+    ap.add_argument("--scorers", default="mlp", help="comma-separated conf/model options")
+    ap.add_argument("--losses", default="bce", help="comma-separated conf/loss options")
+    ap.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    ap.add_argument("--warmup", type=int, default=1, help="warm-up epochs before each timed one")
     a = ap.parse_args()
-    torch.set_num_threads(a.threads)
+    if a.threads:
+        torch.set_num_threads(a.threads)
+    devices = a.devices.split(",")
+    if "cuda" in devices and not torch.cuda.is_available():
+        raise SystemExit("--devices cuda: this machine has no CUDA device")
     t = time.perf_counter()
-    splits = SimulatedSource(n_users=a.users, seed=0, split={"by": "time", "val": 0.0001, "test": 0.0001}).load()
+    splits = SimulatedSource(n_users=a.users, seed=0, split={"by": "time", "val": 0.0001,
+                                                             "test": 0.0001}).load()
     load_s = time.perf_counter() - t
-    train = splits.train
-    n = train.n_impressions
-    dm = ListDataModule(splits=splits, budget=a.budget, scope=a.scope, max_unit_size=min(512, a.budget))
-
-    # 1) data path alone
-    loader = dm.train_dataloader()
-    t = time.perf_counter()
-    n_batches = sum(1 for _ in loader)
-    data_s = time.perf_counter() - t
-
-    # 2) plain PyTorch loop
-    torch.manual_seed(0)
-    loss = make_loss()
-    scorer = MLPScorer(train.num.shape[1], list(splits.schema.vocab_sizes), base_rate=0.03)
-    opt = torch.optim.Adam(scorer.parameters(), lr=2e-3)
-    t = time.perf_counter()
-    for b in dm.train_dataloader():
-        out = scorer(b.num, b.cat, b.request).squeeze(-1)
-        total, _ = loss(gather_lists(out, b.rank_index, b.rank_mask),
-                        gather_lists(b.label, b.rank_index, b.rank_mask), mask=b.rank_mask,
-                        weights=None if b.weight is None else gather_lists(b.weight, b.rank_index, b.rank_mask))
-        opt.zero_grad(set_to_none=True)
-        total.backward()
-        opt.step()
-    loop_s = time.perf_counter() - t
-
-    # 3) Lightning epoch
-    torch.manual_seed(0)
-    # with the schema, as hybridrank-train builds it: the steps then do what a CLI run's do
-    # (unseen-value dropout from the datamodule's counts included)
-    module = HybridRanker(MLPScorer(train.num.shape[1], list(splits.schema.vocab_sizes), base_rate=0.03),
-                          make_loss(), data={"schema": splits.schema.to_dict(), "base_rate": 0.03})
-    wait = DataWait()
-    trainer = pl.Trainer(accelerator="cpu", devices=1, max_epochs=1, logger=False,
-                         enable_checkpointing=False, enable_progress_bar=False,
-                         enable_model_summary=False, limit_val_batches=0, num_sanity_val_steps=0,
-                         use_distributed_sampler=False, callbacks=[wait], log_every_n_steps=50)
-    trainer.fit(module, datamodule=dm)
-
-    rows = [
-        ("data only (sampler + collation)", data_s, None),
-        ("PyTorch loop (data + fwd + bwd + Adam)", loop_s, data_s / loop_s),
-        ("Lightning Trainer epoch", wait.total, wait.wait / wait.total),
-    ]
-    print(f"\nsimulated log: {n:,} training impressions in {train.n_requests:,} requests, "
-          f"{n_batches} batches of <= {a.budget:,} impressions, scope={a.scope}, "
-          f"{torch.get_num_threads()} threads (simulate + load + tensorise: {load_s:.1f} s)\n")
-    print("| path | seconds | impressions / s | data share |")
-    print("|---|---:|---:|---:|")
-    for name, s, share in rows:
-        sh = "n/a" if share is None else f"{100 * share:.1f} %"
-        print(f"| {name} | {s:.2f} | {n / s:,.0f} | {sh} |")
+    rows = [measure(splits, d, p, int(b), s, lo, a.warmup) for d, p, b, s, lo in itertools.product(
+        devices, a.precisions.split(","), a.budgets.split(","), a.scorers.split(","),
+        a.losses.split(","))]
+    name = {"cpu": f"cpu ({torch.get_num_threads()} threads)"}
+    if torch.cuda.is_available():
+        name["cuda"] = f"cuda ({torch.cuda.get_device_name()})"
+    print(f"\nsimulated log: {splits.train.n_impressions:,} training impressions in "
+          f"{splits.train.n_requests:,} requests (simulate + load: {load_s:.1f} s); torch "
+          f"{torch.__version__}; one timed epoch after {a.warmup} warm-up epoch(s)\n")
+    print("| device | precision | budget | scorer | loss | floor imp/s | plain loop imp/s | "
+          "Lightning imp/s | Lightning / plain | data wait | peak MiB |")
+    print("|---|---|---:|---|---|---:|---:|---:|---:|---:|---:|")
+    for r in rows:
+        peak = "—" if r.peak_mib is None else f"{r.peak_mib:,.0f}"
+        print(f"| {name.get(r.device, r.device)} | {r.precision} | {r.budget:,} | {r.scorer} | {r.loss} | "
+              f"{r.floor:,.0f} | {r.plain:,.0f} | {r.lightning:,.0f} | {r.lightning / r.plain:.2f} | "
+              f"{100 * r.wait_share:.0f} % | {peak} |")
 
 
 if __name__ == "__main__":

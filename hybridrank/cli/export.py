@@ -35,7 +35,7 @@ from hybridrank.atomic import check_writable
 from hybridrank.cli._app import cli_errors, hydra_job, quiet_third_party
 from hybridrank.cli.train import CONF_DIR
 from hybridrank.data.fingerprint import check_fingerprint
-from hybridrank.data.sources import Source
+from hybridrank.data.source import Source
 from hybridrank.evaluation.figures import calibration_report, score_split
 from hybridrank.evaluation.tables import format_calibration_report, level_sentence, summary_row
 from hybridrank.lists import ListData

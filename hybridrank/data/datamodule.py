@@ -14,7 +14,8 @@ import torch
 from torch.utils.data import DataLoader
 
 from hybridrank.data.sampler import POOLING_SCOPES, negative_counts
-from hybridrank.data.sources import Source, Splits, SplitsSource
+from hybridrank.data.source import Source, Splits
+from hybridrank.data.sources import SplitsSource
 from hybridrank.data.splits import SPLITS
 from hybridrank.data.stream import BatchStream
 from hybridrank.lists import ListData
