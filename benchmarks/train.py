@@ -17,8 +17,8 @@ Timings are wall-clock: run it on an idle machine and compare rows of one run, n
 
 Usage::
 
-    python scripts/bench_train.py                                  # cpu, 4,096, mlp, bce
-    python scripts/bench_train.py --devices cpu,cuda --precisions 32-true,bf16-mixed \\
+    python -m benchmarks.train                                  # cpu, 4,096, mlp, bce
+    python -m benchmarks.train --devices cpu,cuda --precisions 32-true,bf16-mixed \\
         --budgets 4096,65536 --scorers mlp,dcnv2 --losses bce,bce_lambdaloss --users 27500
 """
 
@@ -155,8 +155,8 @@ def measure(splits, device: str, precision: str, budget: int, scorer: str, loss:
                wait.wait / wait.total, None if wait.peak is None else wait.peak / 2**20)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.train", description=__doc__.splitlines()[0])
     ap.add_argument("--users", type=int, default=9200, help="simulated users (9,200 ~ 1M impressions)")
     ap.add_argument("--devices", default="cpu", help="comma-separated: cpu, cuda")
     ap.add_argument("--precisions", default="32-true", help="comma-separated Lightning precisions")
@@ -165,7 +165,11 @@ def main() -> None:
     ap.add_argument("--losses", default="bce", help="comma-separated conf/loss options")
     ap.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     ap.add_argument("--warmup", type=int, default=1, help="warm-up epochs before each timed one")
-    a = ap.parse_args()
+    return ap
+
+
+def main(argv: list[str] | None = None) -> None:
+    a = parser().parse_args(argv)
     if a.threads:
         torch.set_num_threads(a.threads)
     devices = a.devices.split(",")
