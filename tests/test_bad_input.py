@@ -423,8 +423,6 @@ def _all_losses() -> dict[str, HybridLoss]:
     out = {}
     for path in sorted((CONF / "loss").glob("*.yaml")):
         node = OmegaConf.load(path)
-        if "deprecated_names" in node:  # an old name of another file (tests/test_configs.py)
-            continue
         node.label_max = 1  # the files read ${data.source.label_max}
         out[path.stem] = hydra.utils.instantiate(node)
     return out

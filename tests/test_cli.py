@@ -1,6 +1,6 @@
 """The console scripts as a user meets them: one clear message for errors the user can fix (no
 traceback), the traceback on request, no output folder left by a run that failed before training,
-``--help`` that names the app, deprecated option names that still work."""
+``--help`` that names the app."""
 
 from __future__ import annotations
 
@@ -163,18 +163,6 @@ def test_argparse_scripts(run_cli, tmp_path, parquet_file):
     assert code == 2 and "Traceback" not in err and "missing.parquet" in err
     code, _, err = run_cli("hybridrank-compare", str(parquet_file), "--score-column", "nope")
     assert code == 2 and "Traceback" not in err and "nope" in err
-
-
-def test_compare_old_option_name_still_works_and_warns(run_cli, parquet_file, tmp_path):
-    other = tmp_path / "other.parquet"
-    pl.read_parquet(parquet_file).with_columns(pl.col("pctr") * 0.5).write_parquet(other)
-    args = [str(parquet_file), str(other), "--n-boot", "20"]
-    code_new, out_new, err_new = run_cli("hybridrank-compare", *args, "--score-column", "pctr")
-    code_old, out_old, err_old = run_cli("hybridrank-compare", *args, "--score", "pctr")
-    assert code_new == code_old == 0, err_new + err_old
-    assert out_old == out_new
-    assert "--score is deprecated, use --score-column" in err_old
-    assert "deprecated" not in err_new
 
 
 def test_debug_shows_the_traceback(run_cli, tmp_path, monkeypatch):

@@ -291,34 +291,6 @@ def test_real_data_folder_is_found_from_anywhere(compose_cfg, monkeypatch, tmp_p
     assert cfg.data.source.train == f"{tmp_path}/elsewhere/letor/MQ2008/Fold1/train.txt"
 
 
-DEPRECATED_LOSSES = {p.stem: p for p in (CONF / "loss").glob("*.yaml")
-                     if "deprecated_names:" in p.read_text()}
-
-
-@pytest.mark.slow
-def test_old_loss_names_are_aliases_that_warn(compose_cfg, caplog):
-    """listmle, approxndcg, ... are the old names of bce_listmle, bce_approx_ndcg, ...: the same
-    model.loss, and a warning naming the new one."""
-    from omegaconf import OmegaConf
-
-    from hybridrank.cli.train import warn_deprecated_names
-
-    assert {"listmle", "approxndcg", "neuralndcg", "lambdaloss", "position_aware_listmle",
-            "calibrated_softmax"} <= set(DEPRECATED_LOSSES)
-    for old in DEPRECATED_LOSSES:
-        cfg = compose_cfg("config", f"loss={old}")
-        (key, new), = cfg.deprecated_names.items()
-        assert key == f"loss={old}" and new.startswith("loss=bce_")
-        target = compose_cfg("config", new)
-        assert OmegaConf.to_container(cfg.model.loss) == OmegaConf.to_container(target.model.loss)
-        assert "deprecated_names" not in target
-        with caplog.at_level("WARNING"):
-            lines = warn_deprecated_names(cfg)
-        assert lines == [f"loss={old} is deprecated: use {new} (the same config under a name that "
-                         "says what it is)"]
-        assert lines[0] in caplog.text
-
-
 def test_listmle_breaks_ties_at_random_by_default(compose_cfg):
     """A fixed tie order (seed 0) ranks worse than random on click data (issue 19): the shipped
     ListMLE configs draw a new order at every call; a fixed seed is an explicit override."""

@@ -327,22 +327,3 @@ def quiet_third_party() -> Iterator[None]:
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=r".*LeafSpec.* is deprecated", category=FutureWarning)
         yield
-
-
-# ----------------------------------------------------------------------------------------------
-# argparse: deprecated option names
-# ----------------------------------------------------------------------------------------------
-def add_deprecated_alias(parser, old: str, new: str) -> None:
-    """Accept ``old`` as a deprecated spelling of the option ``new`` (same destination): it works,
-    warns on stderr and is hidden from ``--help``."""
-    import argparse
-
-    dest = next(a.dest for a in parser._actions if new in a.option_strings)
-
-    class _Deprecated(argparse.Action):
-        def __call__(self, parser, namespace, values, option_string=None):
-            print(f"{parser.prog}: warning: {old} is deprecated, use {new}", file=sys.stderr)
-            setattr(namespace, dest, values)
-
-    parser.add_argument(old, dest=dest, action=_Deprecated, help=argparse.SUPPRESS,
-                        default=argparse.SUPPRESS)

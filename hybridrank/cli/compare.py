@@ -19,7 +19,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from hybridrank.cli._app import add_deprecated_alias, cli_errors
+from hybridrank.cli._app import cli_errors
 from hybridrank.evaluation.tables import compare_scores
 from hybridrank.serving.export import read_score_table
 
@@ -35,9 +35,6 @@ def main(argv: list[str] | None = None) -> int:
                     help="probability column (also the ranking score)")
     ap.add_argument("--label-column", default="label")
     ap.add_argument("--request-column", default="request_id")
-    # the names before hybridrank-auction and -compare agreed on --*-column
-    for old in ("score", "label", "request"):
-        add_deprecated_alias(ap, f"--{old}", f"--{old}-column")
     ap.add_argument("--empty", default="skip", choices=("skip", "zero", "one"))
     ap.add_argument("--n-boot", type=int, default=1000)
     ap.add_argument("--alpha", type=float, default=0.05)

@@ -102,7 +102,6 @@ def train(cfg: DictConfig, *, splits=None) -> dict[str, Any]:
     """
     t0 = time.perf_counter()
     clock: dict[str, float] = {}  # where the time went: read, fit, evaluate, intervals
-    warn_deprecated_names(cfg)
     check_devices(cfg.trainer)
     out_dir = Path(cfg.paths.output_dir)
     ckpt_path = resume_checkpoint(cfg, out_dir)
@@ -305,17 +304,6 @@ def training_summary(trainer: pl.Trainer, best: str | None) -> dict[str, Any]:
         best_epoch = int(checkpoint_state(best)["epoch"]) + 1
     return {"epochs": epochs, "best_epoch": best_epoch, "stopped_because": reason,
             "max_epochs": trainer.max_epochs}
-
-
-def warn_deprecated_names(cfg: DictConfig) -> list[str]:
-    """Warn about deprecated config option names (``conf/loss/listmle.yaml`` and the other old
-    names record themselves in ``deprecated_names``); returns the warnings."""
-    names = cfg.get("deprecated_names") or {}
-    out = [f"{old} is deprecated: use {new} (the same config under a name that says what it is)"
-           for old, new in names.items()]
-    for line in out:
-        log.warning(line)
-    return out
 
 
 def resume_checkpoint(cfg: DictConfig, out_dir: Path) -> str | None:
