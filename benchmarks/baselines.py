@@ -3,11 +3,8 @@
 - :func:`fit_reference_fm`: a plainly written factorization machine, the independent baseline the
   defaults are judged against on the random worlds (:mod:`benchmarks.worlds`);
 - :func:`fit_lightgbm`: LightGBM ``binary`` or ``lambdarank`` with early stopping on the
-  validation part (:data:`LGBM_PARAMS`), categorical ids as LightGBM categories;
-- the oracle and the base rate: on data with a known truth, the true click probability itself
-  (the worlds' Bayes limit and oracle NDCG) and the split's click rate; ``train`` reports both as
-  reference rows (:func:`hybridrank.evaluation.figures.reference_rows`), which
-  :func:`benchmarks.grid.grid_table` shows beside the runs.
+  validation part (:data:`LGBM_PARAMS`), categorical ids as LightGBM categories. The oracle and the
+  base rate are ``train``'s own reference rows (:func:`hybridrank.evaluation.figures.reference_rows`).
 
 The reference FM (Rendle 2010), on one-hot categorical fields and numeric features ``x_k``::
 

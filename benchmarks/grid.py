@@ -16,7 +16,6 @@ overrides after ``--`` apply to every run. Writes every run's figures as JSON wi
 from __future__ import annotations
 
 import argparse
-import json
 import shlex
 import tempfile
 import time
@@ -33,14 +32,15 @@ QUIET_RUN = ("trainer.enable_progress_bar=false", "logger=none", "intervals.n_bo
 DEFAULT_KEYS = ("test/ndcg@10", "test/logloss", "test/ece", "test/pcoc", "val/logloss", "training.epochs")
 
 
-def compose_config(overrides: Sequence[str]):
-    """The project config with ``overrides``, composed in-process (as the tests do)."""
+def compose_config(overrides: Sequence[str], name: str = "config"):
+    """The project config ``name`` (``config``: train's, ``export``, ``eval``) with ``overrides``,
+    composed in-process (as the tests do)."""
     from hydra import compose, initialize_config_module
 
     from hybridrank.cli.train import CONF_MODULE
 
     with initialize_config_module(CONF_MODULE, version_base="1.3"):
-        return compose("config", overrides=list(overrides))
+        return compose(name, overrides=list(overrides))
 
 
 def load_splits(overrides: Sequence[str]):
@@ -60,40 +60,28 @@ def train_run(overrides: Sequence[str], out_dir: str | Path, *, splits=None) -> 
 
 
 class HybridRun(NamedTuple):
-    """What :func:`train_hybrid` returns: ``train``'s result, the data (``Splits``), the kept
-    checkpoint's ``[N]`` pCTR logits on val and test (storage order) and its ``HybridRanker``."""
+    """:func:`train_hybrid`'s result: ``train``'s result dict, the kept checkpoint's ``[N]`` pCTR
+    logits on val and test (storage order), and its ``HybridRanker``."""
 
     result: dict[str, Any]
-    splits: Any
     z_val: torch.Tensor
     z_test: torch.Tensor
     model: Any
 
 
-def train_hybrid(overrides: Sequence[str], *, splits=None, keep_dir: str | Path | None = None) -> HybridRun:
-    """:func:`train_run` in a temporary folder (or ``keep_dir``), then the kept checkpoint's pCTR
-    logits on val and test (``HybridRanker.predict_split``), for scoring under any convention.
-
-    ``splits``: already loaded data (train times then exclude the load; ``result["fit_seconds"]``
-    is ``trainer.fit``, its per-epoch validation included); None: the config's data, loaded by
-    the run and returned read with the model's schema.
-    """
-    import hydra
-
+def train_hybrid(overrides: Sequence[str], splits) -> HybridRun:
+    """:func:`train_run` on already loaded ``splits`` in a temporary folder, then the kept checkpoint's
+    pCTR logits on val and test (``HybridRanker.predict_split``), for scoring under any convention.
+    ``result["fit_seconds"]`` is ``trainer.fit`` (its per-epoch validation included), not the load."""
     from hybridrank.models.ranker import HybridRanker
 
     with tempfile.TemporaryDirectory(prefix="hybridrank-bench-") as tmp:
-        out = Path(keep_dir) if keep_dir is not None else Path(tmp)
-        result = train_run(overrides, out, splits=splits)
+        result = train_run(overrides, tmp, splits=splits)
         if not result.get("best_checkpoint"):
             raise RuntimeError("train() kept no checkpoint; the benchmark needs callbacks=default")
         model = HybridRanker.load_from_checkpoint(result["best_checkpoint"], map_location="cpu",
                                                   weights_only=True).eval()
-    if splits is None:
-        cfg = compose_config(["paths.output_dir=unused", *overrides])
-        splits = hydra.utils.instantiate(cfg.data.source, _partial_=True)(schema=model.schema).load()
-    return HybridRun(result, splits, model.predict_split(splits.val)[0], model.predict_split(splits.test)[0],
-                     model)
+    return HybridRun(result, model.predict_split(splits.val)[0], model.predict_split(splits.test)[0], model)
 
 
 def run_grid(sets: Mapping[str, Sequence[str]], seeds: Sequence[int] | None = (0,), *,
@@ -164,7 +152,7 @@ def grid_table(rows: Sequence[Mapping[str, Any]], keys: Sequence[str] = DEFAULT_
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.grid", description=__doc__.splitlines()[0])
+    p = C.parser("benchmarks.grid", __doc__)
     p.add_argument("--set", dest="sets", action="append", default=[], metavar="NAME=OVERRIDES", required=True,
                    help="a named override set (repeat the option); overrides separated by spaces")
     p.add_argument("--seeds", type=int, nargs="+", default=[0])
@@ -191,8 +179,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     rows = run_grid(sets, args.seeds, base=args.base, progress=progress)
     print("\n" + grid_table(rows, args.keys))
     if args.out is not None:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps({"base": args.base, "keys": args.keys, "rows": rows}, indent=1, default=str))
+        C.write_json(args.out, {"base": args.base, "keys": args.keys, "rows": rows})
         print(f"JSON: {args.out}")
 
 

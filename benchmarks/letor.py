@@ -1,14 +1,10 @@
 """Which loss? MQ2008, the standard 5-fold protocol: hybridrank losses next to LightGBM, one table.
 
-Fold k is built from the parts S1..S5 (:func:`benchmarks.common.mq2008_fold`). Every model sees only
-its fold's training rows, stops early on the fold's validation part only, and is reported on the
-fold's test part. Every row, LightGBM's included, is scored by the same code
-(:func:`benchmarks.common.evaluate`): NDCG@1/3/5/10 (exp gain, ties averaged) and MAP under
-``empty="skip"`` and ``empty="zero"``, and on binary relevance (label > 0) the log loss, ECE (15
-quantile bins) and PCOC of ``sigmoid(score)``; mean ± std over the folds. Rows: LightGBM
-``lambdarank`` (early stopping on the validation NDCG@10; its raw scores are not probabilities) and
-``binary`` (on label > 0, early stopping on the validation log loss), and hybridrank with
-``experiment=letor`` and each loss config. ``python -m benchmarks.real`` asks which scorer::
+Each model trains on its fold's training parts (:func:`benchmarks.common.mq2008_fold`), stops early
+on the fold's validation part only and is reported on its test part; every row, LightGBM's
+included, is scored by the same code (:func:`benchmarks.common.evaluate`), mean ± std over the folds
+(the protocol: docs/BENCHMARKS.md, "Ranking quality: MQ2008"). ``python -m benchmarks.real`` asks
+which scorer::
 
     python -m benchmarks.letor --write-docs          # all folds, all models
     python -m benchmarks.letor --folds 1 --models lgbm_lambdarank bce_softmax
@@ -21,7 +17,6 @@ rewrites the "MQ2008 5-fold" section of docs/BENCHMARKS.md, only from a complete
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -106,24 +101,25 @@ def main_tables(folds: dict[int, dict], models: list[str]) -> tuple[str, dict]:
 
 
 def goal_text(summary: dict) -> str:
+    """Which hybridrank rows meet both targets (LightGBM lambdarank's NDCG@10, LightGBM binary's ECE),
+    each with its (NDCG@10, ECE) difference to them."""
     lam, binr = summary.get("lgbm_lambdarank"), summary.get("lgbm_binary")
     if not lam or not binr:
         return "(goal check needs both LightGBM rows)"
     target_ndcg, target_ece = lam["skip"]["ndcg@10"]["mean"], binr["skip"]["ece"]["mean"]
-    lines = [f"Goal: NDCG@10 ≥ LightGBM lambdarank ({target_ndcg:.4f}) and ECE ≤ LightGBM binary "
-             f"({target_ece:.4f}), `empty=\"skip\"`, means over folds."]
+    verdicts: dict[bool, list[str]] = {True: [], False: []}
     for m, s in summary.items():
-        if m in LGBM_MODELS or m in UNCALIBRATED:
-            continue
-        nd, ece = s["skip"]["ndcg@10"]["mean"], s["skip"]["ece"]["mean"]
-        ok = nd >= target_ndcg and ece <= target_ece
-        lines.append(f"- {LABELS[m]}: NDCG@10 {nd:.4f} ({nd - target_ndcg:+.4f}), ECE {ece:.4f} "
-                     f"({ece - target_ece:+.4f}) -> {'meets both' if ok else 'falls short'}")
-    return "\n".join(lines)
+        if m not in LGBM_MODELS and m not in UNCALIBRATED:
+            nd, ece = s["skip"]["ndcg@10"]["mean"], s["skip"]["ece"]["mean"]
+            verdicts[nd >= target_ndcg and ece <= target_ece].append(
+                f"{LABELS[m]} ({nd - target_ndcg:+.4f}, {ece - target_ece:+.4f})")
+    return (f"Goal: NDCG@10 ≥ LightGBM lambdarank ({target_ndcg:.4f}) and ECE ≤ LightGBM binary ({target_ece:.4f}), "
+            f"`empty=\"skip\"`, means over folds; (NDCG@10, ECE) difference to those: meets both: "
+            f"{', '.join(verdicts[True]) or 'none'}; falls short: {', '.join(verdicts[False]) or 'none'}.")
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.letor", description=__doc__.splitlines()[0])
+    p = C.parser("benchmarks.letor", __doc__)
     p.add_argument("--folds", default="1-5", help="e.g. 1-5, 1, 1,3 (default 1-5)")
     p.add_argument("--models", nargs="+", default=None, choices=list(LGBM_MODELS + HYBRID_MODELS),
                    help=f"default: every model (--quick: {' '.join(QUICK_MODELS)})")
@@ -162,10 +158,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     goal = goal_text(results["summary"])
     elapsed = results["seconds_5fold"] = time.perf_counter() - t_start
     print("\n" + table + "\n\n" + goal + f"\n\nwall time {elapsed / 60:.1f} min", flush=True)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(results, indent=2, default=float))
-    print(f"\nJSON: {out}")
+    C.write_json(args.out, results, default=float)
+    print(f"\nJSON: {args.out}")
     failures = [f"fold{k} {m}" for k, rows in results["folds"].items() for m, r in rows.items() if "error" in r]
     stamp = f"Generated {time.strftime('%Y-%m-%d')} by `{C.command('letor', argv)}` on {C.machine()}"
     C.write_docs(args, {"MQ2008 5-fold": f"{stamp}; 5-fold wall time {elapsed / 60:.1f} min.\n\n{table}\n\n{goal}"},

@@ -1,22 +1,14 @@
 """What following the click level's trend is worth, with the relevance model taken out.
 
-A model that cannot see time learns its log's average click level; when the level drifts, its pCTR
-for the period after the log is off by the drift since that average. ``hybridrank-export`` tests
-the training and validation rows for a straight-line trend
-(:func:`hybridrank.serving.level_trend.fit_level_trend`) and, when one is found and fits, moves
-every scored row to the level the line forecasts at its time. This benchmark judges that rule
-without training anything: on worlds (split as the runs split them) with the drift pinned to
-``none``, ``linear`` and ``weekly`` in turn, a **perfect time-blind model** (the true logits with
-the drift replaced by its mean over the rows before the test period, its level fitted to their
-clicks) is scored on the test rows at slot 1:
-
-- ``static``: as it is (what a time-blind model can hope for);
-- ``trend``: with the shipped rule's shift at each test row's time;
-- ``plain_line``: a plain weighted line through the days instead (no weekly cycle, no
-  overdispersion, no lack-of-fit check): any significant slope is followed.
-
-It prints PCOC at slot 1 against the truth per world, and per drift kind the worlds within 5 % and
-10 % and the RMS of log PCOC::
+A model that cannot see time learns its log's average click level; ``hybridrank-export`` follows a
+straight-line trend of the training and validation rows when it finds one that fits
+(:func:`hybridrank.serving.level_trend.fit_level_trend`). This benchmark judges that rule without
+training: on worlds with the drift pinned to ``none``, ``linear`` and ``weekly`` in turn, a
+**perfect time-blind model** (the true logits, the drift replaced by its mean before the test period,
+the level fitted to those rows' clicks) is scored at slot 1 on the test rows: ``static`` (as it is),
+``trend`` (the shipped rule's shift at each row's time), ``plain_line`` (any significant slope of a
+plain weighted line: no weekly cycle, overdispersion or lack-of-fit check). It prints PCOC at slot 1
+per world, and per drift kind the worlds within 5 % and 10 % and the RMS of log PCOC::
 
     python -m benchmarks.level_trend --worlds 40 --seed0 7000
     python -m benchmarks.level_trend --worlds 20 --seed0 7100 --impressions 400000
@@ -25,16 +17,15 @@ It prints PCOC at slot 1 against the truth per world, and per drift kind the wor
 from __future__ import annotations
 
 import argparse
-import json
 import math
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import polars as pl
 import torch
 
+from benchmarks import common as C
 from benchmarks.common import logit, sigmoid
 from benchmarks.worlds import level_shift, split_world, world_drift
 
@@ -88,21 +79,15 @@ def aggregate(rows: list[dict[str, Any]]) -> str:
 
 
 def parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python -m benchmarks.level_trend", description=__doc__.splitlines()[0])
-    ap.add_argument("--worlds", type=int, default=20)
-    ap.add_argument("--seed0", type=int, default=7000)
-    ap.add_argument("--size", default="small", choices=("tiny", "small"))
-    ap.add_argument("--impressions", type=int, default=None, help="pin n_impressions")
+    ap = C.world_parser("benchmarks.level_trend", __doc__, worlds=20, seed0=7000)
     ap.add_argument("--drifts", default=",".join(DRIFTS))
     ap.add_argument("--alpha", type=float, default=0.01, help="the slope's significance level (shipped: 0.01)")
-    ap.add_argument("--out", type=Path, default=None, help="write the rows as JSON here")
     return ap
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     ap = parser()
     a = ap.parse_args(argv)
-    pins = {} if a.impressions is None else {"n_impressions": a.impressions}
     drifts = [d for d in a.drifts.split(",") if d]
     if unknown := sorted(set(drifts) - set(DRIFTS)):
         ap.error(f"unknown drifts {unknown}; choose from {DRIFTS}")
@@ -111,14 +96,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     print("|---|---|---|---|---|---|---|---|---|")
     for seed in range(a.seed0, a.seed0 + a.worlds):
         for drift in drifts:
-            r = world_row(seed, drift, a.size, alpha=a.alpha, **pins)
+            r = world_row(seed, drift, a.size, alpha=a.alpha, **C.world_pins(a))
             rows.append(r)
             print(f"| {seed} | {drift} | {r['amplitude']:.2f} | {r['days']} | {r['clicks']:,} | {r['static']:.3f} | "
                   f"{r['trend']:.3f} | {r['plain_line']:.3f} | {r['verdict']} |", flush=True)
     print("\n" + aggregate(rows))
     if a.out is not None:
-        a.out.parent.mkdir(parents=True, exist_ok=True)
-        a.out.write_text(json.dumps(rows, indent=1))
+        C.write_json(a.out, rows)
     return 0
 
 

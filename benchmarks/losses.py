@@ -1,19 +1,13 @@
 """Benchmark the loss catalogue against allRank: forward + backward time, values, peak memory.
 
-Not a test. Prints Markdown tables and (with ``--write-docs``, not with ``--quick``) writes them into
-the "Losses" section of ``docs/BENCHMARKS.md``:
-
-1. every loss at ``[G, L]`` = 4096×16, 1024×64, 256×256 (labels 0..2, ~70 % of slots real), with
-   allRank's counterpart timed side by side in the same run when ``allrank`` is installed
-   (``pip install --no-deps allrank``; its loss module is imported through
-   :func:`load_allrank_losses`, which stands in for the data / cloud packages it never uses).
-   Each cell: median over rounds of the best of a few runs; the speed-up is allRank's time over
-   ours per round, median and [min-max] over rounds. Ours and allRank alternate run by run, so a
-   busy machine slows both alike;
-2. values, ours against allRank on the same inputs, once the normalisations are aligned (each
-   row says how);
-3. peak memory of ours (torch's CPU memory profiler);
-4. our padded pairwise / softmax losses against the flat-batch forms common in tutorials.
+Prints Markdown tables; ``--write-docs`` (not with ``--quick``) writes them into the "Losses"
+section of docs/BENCHMARKS.md: (1) every loss at ``[G, L]`` = 4096×16, 1024×64, 256×256 (labels
+0..2, ~70 % of slots real), with its peak memory (torch's CPU memory profiler) and allRank's
+counterpart timed side by side when ``allrank`` is installed (``pip install --no-deps allrank``;
+:func:`load_allrank_losses` stands in for the packages its import chain pulls in and no loss
+uses): a cell is the median over rounds of the best of a few runs, ours and allRank alternating
+run by run; (2) the values of both on the same inputs, normalisations aligned (each row says
+how); (3) our padded pairwise / softmax losses against the flat-batch forms of tutorials.
 
 Usage: ``python -m benchmarks.losses [--quick] [--write-docs] [--rounds 5] [--threads 2]``
 (about 10 minutes on 2 cores with allRank, mostly its pairwise losses at 256×256).
@@ -269,22 +263,20 @@ def _too_big(name: str, g: int, length: int) -> bool:
     return name == "neural_ndcg" and g * length * length * SINKHORN_BYTES > MAX_BYTES
 
 
-def catalogue(shapes, rounds: int, A) -> tuple[str, str, str]:
-    """(speed table, value table, memory table) as Markdown."""
+def catalogue(shapes, rounds: int, A) -> tuple[str, str]:
+    """(speed and memory table, value table) as Markdown."""
     parts = counterparts(A)
     fns = {"bce": bce_loss, **LOSSES}
     head = ["loss", "allRank"]
     for g, length in shapes:
-        head += [f"{g}×{length} ours ms", "allRank ms", "speed-up"]
-    speed_rows, mem_rows, value_rows = [], [], []
+        head += [f"{g}×{length} ours ms (peak MB)", "allRank ms", "speed-up"]
+    speed_rows, value_rows = [], []
     for name, fn in fns.items():
         part = parts.get(name)
         row = [name, part.name if part else "—"]
-        mem = [name]
         for g, length in shapes:
             if _too_big(name, g, length):
-                row += ["skipped", "", ""]
-                mem.append(f"~{mb(g * length * length * SINKHORN_BYTES)} est.")
+                row += [f"skipped (~{mb(g * length * length * SINKHORN_BYTES)} est.)", "", ""]
                 continue
             logits, labels, mask = _inputs(name, g, length)
             y_ar = padded_for_allrank(labels, mask)
@@ -294,14 +286,10 @@ def catalogue(shapes, rounds: int, A) -> tuple[str, str, str]:
 
             theirs = (lambda call=part.call, s=logits, y=y_ar: call(s, y)) if part else None
             res = side_by_side(ours, theirs, rounds)
-            if "ratios" in res:
-                row += [ms(res["ours"]), ms(res["theirs"]), ratio_cell(res["ratios"])]
-            else:
-                row += [ms(res["ours"]), "n/a", "n/a"]
-            mem.append(mb(peak_bytes(ours)))
+            cell = f"{ms(res['ours'])} ({mb(peak_bytes(ours))})"
+            row += [cell, ms(res["theirs"]), ratio_cell(res["ratios"])] if "ratios" in res else [cell, "n/a", "n/a"]
             print(f"  {name} {g}×{length}: {row[-3:]}", flush=True)
         speed_rows.append(row)
-        mem_rows.append(mem)
         if part and part.align:
             g, length = shapes[0] if name != "neural_ndcg" else (256, 16)
             with torch.no_grad():
@@ -312,12 +300,10 @@ def catalogue(shapes, rounds: int, A) -> tuple[str, str, str]:
                                f"{rel:.1e}", part.note])
         elif part:
             value_rows.append([name, part.name, "—", "—", "—", "—", part.note])
-    speed = C.markdown_table(head, speed_rows)
     values = C.markdown_table(["loss", "allRank", "[G, L]", "ours (aligned)", "allRank",
                                "rel. diff", "alignment"], value_rows) if value_rows else \
         "_allRank is not installed (`pip install --no-deps allrank`): no value comparison._"
-    memory = C.markdown_table(["loss"] + [f"{g}×{length} MB" for g, length in shapes], mem_rows)
-    return speed, values, memory
+    return C.markdown_table(head, speed_rows), values
 
 
 def dense_pairwise(scores: torch.Tensor, labels: torch.Tensor, qid: torch.Tensor) -> torch.Tensor:
@@ -342,6 +328,7 @@ def _gathered(loss, flat_scores, index, labels, mask):
 
 
 def flat_vs_padded(batch_sizes, list_len: int, repeats: int) -> str:
+    """Per batch size ``B``: ours against the flat form, time and peak memory (ratio flat / ours)."""
     rows = []
     for b in batch_sizes:
         g = b // list_len
@@ -357,21 +344,20 @@ def flat_vs_padded(batch_sizes, list_len: int, repeats: int) -> str:
         ours_list = partial(_gathered, softmax_loss, flat_scores, index, labels, mask)
         dense = partial(dense_pairwise, flat_scores, flat_labels, qid)
         split_pad = partial(split_pad_softmax, flat_scores, flat_labels, lengths.tolist())
-        for name, ours, flat, flat_reps in [
-            ("pairwise logistic vs dense [B, B]", ours_pair, dense, 1 if b > 4096 else repeats),
-            ("softmax CE vs split + pad_sequence", ours_list, split_pad, repeats),
-        ]:
+        row = [f"{b:,}"]
+        for ours, flat, flat_reps in [(ours_pair, dense, 1 if b > 4096 else repeats), (ours_list, split_pad, repeats)]:
             t_ours, t_flat = timed(ours, repeats), timed(flat, flat_reps)
             m_ours, m_flat = peak_bytes(ours), peak_bytes(flat)
-            rows.append([f"{b:,}", name, ms(t_ours), ms(t_flat), f"{t_flat / t_ours:,.0f}×",
-                         mb(m_ours), mb(m_flat), f"{m_flat / max(m_ours, 1):,.1f}×"])
-            print(f"  flat {b} {name}: {rows[-1][2:5]}", flush=True)
-    return C.markdown_table(["B", "loss", "ours ms", "flat ms", "time ratio", "ours MB",
-                             "flat MB", "memory ratio"], rows)
+            row += [f"{ms(t_ours)} / {ms(t_flat)} ({t_flat / t_ours:,.0f}×)",
+                    f"{mb(m_ours)} / {mb(m_flat)} ({m_flat / max(m_ours, 1):,.1f}×)"]
+        rows.append(row)
+        print(f"  flat {b}: {row[1:]}", flush=True)
+    return C.markdown_table(["B", "pairwise logistic vs dense [B, B]: ms, ours / flat", "MB, ours / flat",
+                             "softmax CE vs split + pad_sequence: ms, ours / flat", "MB, ours / flat"], rows)
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.losses", description=__doc__.splitlines()[0])
+    p = C.parser("benchmarks.losses", __doc__)
     p.add_argument("--quick", action="store_true", help="smaller shapes, for a smoke run")
     p.add_argument("--rounds", type=int, default=5, help="interleaved rounds per cell")
     p.add_argument("--threads", type=int, default=2)
@@ -388,7 +374,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     shapes = [(256, 16), (32, 64)] if args.quick else SHAPES
     rounds = 2 if args.quick else args.rounds
     print(f"{C.machine()}; allRank {'found' if A else 'not installed (column n/a)'}\n", flush=True)
-    speed, values, memory = catalogue(shapes, rounds, A)
+    speed, values = catalogue(shapes, rounds, A)
     flat = flat_vs_padded([1024, 2048] if args.quick else [4096, 8192, 16384], 16,
                           1 if args.quick else 3)
     allrank_note = ("allRank's counterpart in the same run, the two alternating run by run"
@@ -400,9 +386,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         "of a few runs (with one thread: the thread's CPU time); the speed-up is allRank's time "
         "over ours, median [min–max] over rounds. Other processes may share the CPU: compare "
         "within a row.",
-        "### Every loss, forward + backward", speed,
+        "### Every loss, forward + backward (peak memory of ours: torch's CPU memory profiler)", speed,
         "### Values, ours against allRank on the same inputs", values,
-        "### Peak memory of ours (torch's CPU memory profiler, one forward + backward)", memory,
         "### Flat-batch forms vs padded lists (lists of 16, B impressions)", flat,
     ])
     print("\n" + body + "\n")

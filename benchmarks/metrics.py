@@ -17,6 +17,7 @@ from collections.abc import Sequence
 import torch
 from torchmetrics.retrieval import RetrievalNormalizedDCG
 
+from benchmarks import common as C
 from hybridrank.lists import gather_lists, pad_index
 from hybridrank.metrics.list_metrics import ListMetrics
 from hybridrank.metrics.ranking import ndcg
@@ -90,7 +91,7 @@ def bench(n_requests: int, repeats: int, tm_repeats: int) -> list[tuple]:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.metrics", description=__doc__.splitlines()[0])
+    p = C.parser("benchmarks.metrics", __doc__)
     p.add_argument("--requests", type=int, nargs="+", default=[20_000, 100_000],
                         help="request counts (100,000 requests of 5..15 is ~1M impressions)")
     p.add_argument("--repeats", type=int, default=20, help="timed calls of hybridrank")

@@ -21,16 +21,15 @@ of marked exploration requests::
 from __future__ import annotations
 
 import argparse
-import json
 import math
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from benchmarks.common import logit, parse_pin, sigmoid
+from benchmarks import common as C
+from benchmarks.common import logit, sigmoid
 from benchmarks.worlds import level_shift, split_world
 
 #: name -> (PositionBias switches, exploration marked?). Unmarked, the tower fits the offsets on
@@ -192,32 +191,17 @@ def aggregate(rows: list[dict[str, Any]]) -> str:
 
 
 def parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python -m benchmarks.offsets", description=__doc__.splitlines()[0])
-    ap.add_argument("--worlds", type=int, default=10)
-    ap.add_argument("--seed0", type=int, default=1120)
-    ap.add_argument("--size", default="small")
-    ap.add_argument("--impressions", type=int, default=None, help="pin n_impressions")
-    ap.add_argument("--explore-shares", default=None,
-                    help="e.g. 0.05,0.1: relevance-sorted logs with this share of marked exploration requests, "
-                         "in turn (default: random-order logs)")
-    ap.add_argument("--pin", nargs="*", default=[], metavar="FIELD=VALUE", help="pin world fields, e.g. drift=none")
-    ap.add_argument("--out", type=Path, default=None, help="write the rows as JSON")
-    return ap
+    return C.world_parser("benchmarks.offsets", __doc__, worlds=10, seed0=1120, explore=True)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     a = parser().parse_args(argv)
-    pins: dict[str, Any] = {} if a.impressions is None else {"n_impressions": a.impressions}
-    pins.update(dict(parse_pin(p) for p in a.pin))
-    shares = [float(x) for x in a.explore_shares.split(",")] if a.explore_shares else None
     rows = []
     print("| world | curve | exploration | train clicks | floor | ceiling: P(5 % / 0.1), P(10 % / 0.2) | "
           + " | ".join(f"{e} PCOC / offset err" for e in ESTIMATORS) + " |")
     print("|---|---|---|---|---|---|" + "---|" * len(ESTIMATORS))
     for i, seed in enumerate(range(a.seed0, a.seed0 + a.worlds)):
-        extra = {} if shares is None else {"logging": "sorted", "explore_share": shares[i % len(shares)],
-                                           "mark_explore": True}
-        r = world_row(seed, a.size, **pins, **extra)
+        r = world_row(seed, a.size, **C.world_pins(a), **C.explore_pins(a.explore_shares, i))
         rows.append(r)
         cells = " | ".join(f"{r[e]['pcoc']:.3f} / {r[e]['offset_err']:.3f}" for e in ESTIMATORS)
         ceil = " / ".join(f"{r['ceiling'][name]:.2f}" for name, _, _ in TARGETS)
@@ -225,8 +209,7 @@ def main(argv: Sequence[str] | None = None) -> int:
               f"| {ceil} | {cells} |", flush=True)
     print("\n" + aggregate(rows))
     if a.out is not None:
-        a.out.parent.mkdir(parents=True, exist_ok=True)
-        a.out.write_text(json.dumps(rows, indent=1))
+        C.write_json(a.out, rows)
     return 0
 
 

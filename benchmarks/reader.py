@@ -17,7 +17,6 @@ Usage: ``python -m benchmarks.reader [--repeats 7] [--json results/reader.json]`
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -89,7 +88,7 @@ def best_of(files: list[Path], repeats: int) -> dict[str, float]:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.reader", description=__doc__.splitlines()[0])
+    p = C.parser("benchmarks.reader", __doc__)
     p.add_argument("--repeats", type=int, default=7)
     p.add_argument("--json", default=None, help="also write the numbers here")
     return p
@@ -117,8 +116,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     print(C.markdown_table(["files", "rows", "MB", "plain Python (ms)", "read_libsvm (ms)",
                             "speed-up"], rows))
     if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(out, indent=2))
+        C.write_json(args.json, out)
 
 
 if __name__ == "__main__":

@@ -32,10 +32,8 @@ import os
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import argparse  # noqa: E402
-import json  # noqa: E402
 import time  # noqa: E402
 from collections.abc import Sequence  # noqa: E402
-from pathlib import Path  # noqa: E402
 from types import SimpleNamespace  # noqa: E402
 
 import torch  # noqa: E402
@@ -151,7 +149,7 @@ def dataset_table(dataset: str, results: list[dict], names: list[str], n_boot: i
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.real", description=__doc__.splitlines()[0])
+    p = C.parser("benchmarks.real", __doc__)
     p.add_argument("--datasets", nargs="+", default=list(DATASETS), choices=list(DATASETS))
     p.add_argument("--folds", default="1-5")
     p.add_argument("--models", nargs="+", default=[*HYBRID, *LGBM], choices=[*HYBRID, *LGBM])
@@ -197,8 +195,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         dump[ds] = {"summary": summary, "seconds": time.perf_counter() - t0, "folds": folds if ds == "mq2008" else None}
         texts.append(table)
         print("\n" + table + "\n", flush=True)
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(dump, indent=2, default=float))
+        C.write_json(args.out, dump, default=float)
     elapsed = time.perf_counter() - t_start
     print(f"wall time {elapsed / 60:.1f} min\nJSON: {args.out}")
     C.write_docs(args, {"Scorers on real data": (

@@ -29,13 +29,10 @@ from typing import Any
 import numpy as np
 import polars as pl
 
+from benchmarks import common as C
 from benchmarks.baselines import fit_reference_fm
-from benchmarks.common import RESULTS, logit, parse_pin, per_request_se, sigmoid, xent
-from benchmarks.grid import run_grid
-
-__all__ = ["VARIANTS", "SPLIT", "PreparedWorld", "run_family", "run_world", "prepare_world", "split_world",
-           "world_overrides", "train_variants", "evaluate_run", "reference_row", "world_table", "aggregate",
-           "world_drift", "level_shift", "drift_floor", "floor", "slot_ctr_error", "unseen_rows"]
+from benchmarks.common import RESULTS, logit, per_request_se, sigmoid, xent
+from benchmarks.grid import compose_config, run_grid
 
 #: name -> (hydra overrides, position as a feature?)
 VARIANTS: dict[str, tuple[list[str], bool]] = {
@@ -181,15 +178,11 @@ def train_variants(w: PreparedWorld, variants: Sequence[str], extra: Sequence[st
 
 def export_scores(checkpoint: str, inp: Path, out: Path, calibrator: str, *extra: str) -> tuple[pl.DataFrame, dict]:
     """``hybridrank-export`` in-process: (scores frame, metadata)."""
-    from hydra import compose, initialize_config_module
-
     from hybridrank.cli.export import export
     from hybridrank.serving.export import read_scores
 
-    with initialize_config_module("hybridrank.conf", version_base="1.3"):
-        cfg = compose("export", overrides=[f"checkpoint={checkpoint}", f"input={inp}", f"output={out}",
-                                           f"calibrator={calibrator}", f"paths.output_dir={out.parent}", *extra])
-    export(cfg)
+    export(compose_config([f"checkpoint={checkpoint}", f"input={inp}", f"output={out}", f"calibrator={calibrator}",
+                           f"paths.output_dir={out.parent}", *extra], name="export"))
     return read_scores(out)
 
 
@@ -405,12 +398,9 @@ def run_family(family: str = "base", seeds: Sequence[int] = range(1000, 1024),
     results = []
     with tempfile.TemporaryDirectory() as tmp:
         for i, seed in enumerate(seeds):
-            world_pins = dict(pins or {})
-            if explore_shares:
-                world_pins.update(logging="sorted", explore_share=explore_shares[i % len(explore_shares)],
-                                  mark_explore=True)
             results.append(run_world(seed, variants, Path(work or tmp), size=size, family=family,
-                                     pins=world_pins, extra=extra, reference=reference))
+                                     pins={**(pins or {}), **C.explore_pins(explore_shares, i)}, extra=extra,
+                                     reference=reference))
             if progress is not None:
                 progress(results[-1])
     return results
@@ -503,23 +493,15 @@ def _variants(text: str) -> list[str]:
 def parser() -> argparse.ArgumentParser:
     from hybridrank.data.worlds import FAMILIES
 
-    ap = argparse.ArgumentParser(prog="python -m benchmarks.worlds", description=__doc__.splitlines()[0])
-    ap.add_argument("--worlds", type=int, default=24)
-    ap.add_argument("--seed0", type=int, default=1000)
-    ap.add_argument("--size", default="small", choices=("tiny", "small"))
+    ap = C.world_parser("benchmarks.worlds", __doc__, worlds=24, seed0=1000, out=RESULTS / "generalization.json",
+                        explore=True)
     ap.add_argument("--family", default="base", choices=FAMILIES,
                     help="world family: base, or longtail (heavy-tailed user activity, users unseen before "
                          "the test period, dense item side features, user x item latent interactions)")
     ap.add_argument("--variants", type=_variants, default="default,tower,fm,fm_tower")
     ap.add_argument("--no-reference", action="store_true", help="skip the reference FM")
-    ap.add_argument("--out", type=Path, default=RESULTS / "generalization.json")
     ap.add_argument("--keep", type=Path, default=None, help="keep the worlds and runs here")
     ap.add_argument("--extra", nargs="*", default=[], help="hydra overrides for every run")
-    ap.add_argument("--pin", nargs="*", default=[], metavar="FIELD=VALUE",
-                    help="pin world fields (draw_world keywords), e.g. logging=random")
-    ap.add_argument("--explore-shares", default=None,
-                    help="confounded-logging family: worlds sorted by a noisy relevance estimate, each with "
-                         "the next of these exploration shares (e.g. 0,0.01,0.05,0.1), marked in a column")
     ap.add_argument("--tables", nargs="+", type=Path, default=None, metavar="JSON",
                     help="print the world and aggregate tables of saved --out files (merged), run nothing")
     return ap
@@ -537,13 +519,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"# {result['describe']} ({result['seconds']['total']:.0f} s)", flush=True)
         print(world_table([result]), flush=True)
 
-    results = run_family(a.family, range(a.seed0, a.seed0 + a.worlds), a.variants, size=a.size,
-                         pins=dict(parse_pin(x) for x in a.pin), extra=a.extra, reference=not a.no_reference,
-                         explore_shares=[float(x) for x in a.explore_shares.split(",")] if a.explore_shares else None,
-                         work=a.keep, progress=progress)
-    a.out.parent.mkdir(parents=True, exist_ok=True)
-    a.out.write_text(json.dumps({"results": results, "variants": a.variants,
-                                 "seconds": time.perf_counter() - t_all}, indent=1, default=str))
+    results = run_family(a.family, range(a.seed0, a.seed0 + a.worlds), a.variants, size=a.size, pins=C.world_pins(a),
+                         extra=a.extra, reference=not a.no_reference, explore_shares=a.explore_shares, work=a.keep,
+                         progress=progress)
+    C.write_json(a.out, {"results": results, "variants": a.variants, "seconds": time.perf_counter() - t_all})
     print("\n## Aggregate\n\n" + aggregate(results))
     print(f"\n{len(results)} worlds in {(time.perf_counter() - t_all) / 60:.1f} min; {a.out}")
     return 0

@@ -3,17 +3,18 @@ the group-aware sampler, the DataModules and the simulators. Imports only :mod:`
 (and :mod:`hybridrank.atomic`) from the rest of the package.
 
 - ``schema.py``: :class:`Schema` (features, vocabularies, scaler, value policies), ``SchemaFit``.
-- ``sources.py``: the ``Source`` interface and the sources: one data path, in memory (one chunk)
-  or streamed (``streaming.py``: ``StreamingClickLogSource``, many chunks); ``splits.py``: the
-  one split rule (``split_frame``) of both.
+- ``source.py``: the ``Source`` interface; ``sources.py``: the sources, one data path in memory
+  (one chunk) or streamed (``streaming.py``: ``StreamingClickLogSource``, many chunks);
+  ``splits.py``: the one split rule (``split_frame``) of both.
 - ``readers.py`` (click logs, ``ColumnMap``, ``validate_frame``), ``libsvm.py`` (LETOR files),
   ``scanner.py`` (files in chunks of whole requests), ``vocab.py``, ``hashing.py``,
   ``fingerprint.py`` (what a model was trained on).
 - ``sampler.py`` (whole-request batches of one ``ListData``, pooling scopes, DDP shards),
   ``stream.py`` (``BatchStream``: a source's chunks through the sampler, above both; what it reads
   of a source is ``chunked.ChunkedSource``), ``datamodule.py``.
-- ``simulate.py``: the built-in click-log simulator; ``worlds.py``: a family of randomly built
-  click-log worlds with a known truth (for judging defaults across many logs).
+- ``simulators/``: the built-in click-log simulator and the randomly built click-log worlds with a
+  known truth (for judging defaults across many logs); ``simulate.py`` and ``worlds.py``
+  re-export them.
 """
 
 from hybridrank._lazy import lazy_exports

@@ -2,7 +2,7 @@
 
 :class:`ChunkedSource` is the whole of what :class:`~hybridrank.data.stream.BatchStream` needs,
 so batching knows nothing else of sources, and sources know nothing of batching. Every
-:class:`~hybridrank.data.sources.Source` satisfies it; so does any object with these three
+:class:`~hybridrank.data.source.Source` satisfies it; so does any object with these three
 members (a check: ``tests/test_sampler.py`` batches such an object).
 """
 

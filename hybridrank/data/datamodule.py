@@ -1,4 +1,4 @@
-"""The ``LightningDataModule`` of every source: a thin shell around a :class:`~hybridrank.data.sources.
+"""The ``LightningDataModule`` of every source: a thin shell around a :class:`~hybridrank.data.source.
 Source` and the one batch builder (:class:`~hybridrank.data.stream.BatchStream`)."""
 
 from __future__ import annotations
@@ -86,7 +86,7 @@ class ListDataModule(pl.LightningDataModule):
     negative keep rate (:func:`~hybridrank.data.sampler.negative_counts`).
 
     Args:
-        source: a :class:`~hybridrank.data.sources.Source`: ``SimulatedSource``, ``LetorSource``,
+        source: a :class:`~hybridrank.data.source.Source`: ``SimulatedSource``, ``LetorSource``,
             ``ClickLogSource``, ``StreamingClickLogSource``.
         splits: already loaded ``Splits`` instead of a source.
         budget: impressions per training batch.

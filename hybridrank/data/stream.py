@@ -98,7 +98,7 @@ class BatchStream(IterableDataset):
 
     Args:
         source: a :class:`~hybridrank.data.chunked.ChunkedSource` (every
-            :class:`~hybridrank.data.sources.Source` is one): its ``layout()``, ``read_chunk``
+            :class:`~hybridrank.data.source.Source` is one): its ``layout()``, ``read_chunk``
             and ``schema``.
         split: ``"train"``, ``"val"`` or ``"test"``.
         budget, scope, window, max_unit_size, reweight_negatives, shuffle, seed: as

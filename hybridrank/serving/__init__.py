@@ -1,10 +1,11 @@
 """Serving: post-hoc calibrators, score exports and portable models, auction replay, checkpoints.
 
-- ``calibration.py``: identity / Platt / isotonic / auto calibrators, the downsampling correction.
+- ``calibration/``: the calibrators (identity / shift / Platt / isotonic), the downsampling
+  correction, and the rules of ``auto`` with :class:`AutoCalibrator`.
 - ``level_trend.py``: the click level's trend over time, followed by exports to each row's time.
 - ``export.py``: score files with metadata, TorchScript / ONNX (``PortableRanker``).
 - ``auction.py``: GSP / first-price replay with the oracle allocation.
-- ``checkpoint.py``: atomic Lightning checkpoints.
+- ``checkpoint.py``: atomic Lightning checkpoints, and loading a trained model back.
 """
 
 from hybridrank._lazy import lazy_exports
