@@ -24,7 +24,7 @@ _EXPORTS = {
     "ColumnMap": "hybridrank.data.readers", "read_clicklog": "hybridrank.data.readers",
     "Schema": "hybridrank.data.schema", "read_libsvm": "hybridrank.data.libsvm",
     "ListDataModule": "hybridrank.data.datamodule", "GroupBatchSampler": "hybridrank.data.sampler",
-    "ListDataset": "hybridrank.data.sampler", "collate": "hybridrank.data.sampler",
+    "ListDataset": "hybridrank.data.collate", "collate": "hybridrank.data.collate",
     "unit_ids": "hybridrank.data.sampler", "ClickLogScanner": "hybridrank.data.scanner",
     "simulate_clicklog": "hybridrank.data.simulate",
     "StreamingClickLogSource": "hybridrank.data.streaming",

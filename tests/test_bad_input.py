@@ -26,12 +26,14 @@ from omegaconf import OmegaConf
 from reference import LibsvmRejected, ref_libsvm
 
 from hybridrank.data import libsvm
+from hybridrank.data.collate import ListDataset
 from hybridrank.data.datamodule import ListDataModule
 from hybridrank.data.libsvm import read_libsvm
-from hybridrank.data.readers import ColumnMap, read_clicklog, validate_frame
-from hybridrank.data.sampler import GroupBatchSampler, ListDataset
+from hybridrank.data.readers import ColumnMap, read_clicklog
+from hybridrank.data.sampler import GroupBatchSampler
 from hybridrank.data.schema import Schema
 from hybridrank.data.sources import ClickLogSource, LetorSource, SimulatedSource
+from hybridrank.data.validate import validate_frame
 from hybridrank.lists import gather_lists, pad_index
 from hybridrank.losses import HybridLoss
 from hybridrank.metrics.list_metrics import ListMetrics

@@ -18,7 +18,8 @@ from reference import ref_libsvm
 from hybridrank.data.fingerprint import DataChangedError, check_fingerprint, file_fingerprint, fingerprint_diff
 from hybridrank.data.hashing import stable_hash
 from hybridrank.data.libsvm import read_libsvm
-from hybridrank.data.readers import ColumnMap, normalize_types, read_clicklog, validate_frame
+from hybridrank.data.readers import ColumnMap, normalize_types, read_clicklog
+from hybridrank.data.validate import validate_frame
 from hybridrank.data.schema import Schema
 from hybridrank.data.simulate import simulate_clicklog
 from hybridrank.data.sources import SIM_COLUMNS_MAP, ClickLogSource, LetorSource, SimulatedSource, Splits
@@ -803,8 +804,9 @@ def test_split_val_by_hash_draws_validation_over_the_earlier_time_range():
 def test_explore_and_propensity_roles_are_read_checked_and_batched():
     """The exploration flag and the logging propensity travel from the log to every batch; bad
     values are errors naming the column."""
-    from hybridrank.data.readers import ColumnMap, validate_frame
-    from hybridrank.data.sampler import ListDataset, collate  # noqa: F401  (the batch builder)
+    from hybridrank.data.collate import ListDataset, collate  # noqa: F401  (the batch builder)
+    from hybridrank.data.readers import ColumnMap
+    from hybridrank.data.validate import validate_frame
     from hybridrank.data.schema import Schema
 
     frame = pl.DataFrame({"r": [1, 1, 2, 2, 3], "y": [0.0, 1.0, 0.0, 0.0, 1.0], "x": [0.1, 0.2, 0.3, 0.4, 0.5],

@@ -16,16 +16,9 @@ from hypothesis import strategies as st
 from lightning_fabric.utilities.apply_func import move_data_to_device
 from torch.overrides import TorchFunctionMode
 
+from hybridrank.data.collate import ListDataset, collate, gather_batch, plan_batch
 from hybridrank.data.datamodule import ListDataModule
-from hybridrank.data.sampler import (
-    GroupBatchSampler,
-    ListDataset,
-    capped_sizes,
-    collate,
-    gather_batch,
-    plan_batch,
-    unit_ids,
-)
+from hybridrank.data.sampler import GroupBatchSampler, capped_sizes, unit_ids
 from hybridrank.data.scanner import Chunk
 from hybridrank.data.sources import SIM_COLUMNS_MAP, SimulatedSource
 from hybridrank.data.stream import PREFETCH_THREAD, BatchStream, chunk_seed

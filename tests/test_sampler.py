@@ -11,7 +11,8 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from hybridrank.data.sampler import GroupBatchSampler, ListDataset, collate, negative_counts, unit_ids
+from hybridrank.data.collate import ListDataset, collate
+from hybridrank.data.sampler import GroupBatchSampler, negative_counts, unit_ids
 from hybridrank.lists import ListData, lengths_to_offsets
 
 

@@ -17,9 +17,10 @@ import torch
 from memprobe import PROBE
 from torch.utils.data import DataLoader
 
+from hybridrank.data.collate import ListDataset
 from hybridrank.data.datamodule import ListDataModule
 from hybridrank.data.readers import ColumnMap, read_clicklog
-from hybridrank.data.sampler import GroupBatchSampler, ListDataset
+from hybridrank.data.sampler import GroupBatchSampler
 from hybridrank.data.schema import Schema
 from hybridrank.data.simulate import simulate_clicklog
 from hybridrank.data.sources import SIM_COLUMNS_MAP, ClickLogSource

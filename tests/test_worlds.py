@@ -12,7 +12,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hybridrank.data.readers import ColumnMap, normalize_types, validate_frame
+from hybridrank.data.readers import ColumnMap, normalize_types
+from hybridrank.data.validate import validate_frame
 from hybridrank.data.worlds import (
     LONGTAIL_LATE_SHARE,
     NAMING_SCHEMES,

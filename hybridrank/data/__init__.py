@@ -6,7 +6,7 @@ the group-aware sampler, the DataModules and the simulators. Imports only :mod:`
 - ``source.py``: the ``Source`` interface; ``sources.py``: the sources, one data path in memory
   (one chunk) or streamed (``streaming.py``: ``StreamingClickLogSource``, many chunks);
   ``splits.py``: the one split rule (``split_frame``) of both.
-- ``readers.py`` (click logs, ``ColumnMap``, ``validate_frame``), ``libsvm.py`` (LETOR files),
+- ``readers.py`` (click logs, ``ColumnMap``), ``validate.py`` (``validate_frame``), ``libsvm.py`` (LETOR files),
   ``scanner.py`` (files in chunks of whole requests), ``vocab.py``, ``hashing.py``,
   ``fingerprint.py`` (what a model was trained on).
 - ``sampler.py`` (whole-request batches of one ``ListData``, pooling scopes, DDP shards),
@@ -28,12 +28,12 @@ _EXPORTS = {
     "split_frame": "hybridrank.data.splits", "SPLITS": "hybridrank.data.splits",
     "stable_hash": "hybridrank.data.hashing",
     "ColumnMap": "hybridrank.data.readers", "read_clicklog": "hybridrank.data.readers",
-    "validate_frame": "hybridrank.data.readers", "scan_clicklog": "hybridrank.data.readers",
+    "validate_frame": "hybridrank.data.validate", "scan_clicklog": "hybridrank.data.readers",
     "read_libsvm": "hybridrank.data.libsvm",
     "VocabPolicy": "hybridrank.data.vocab", "vocab_policies": "hybridrank.data.vocab",
     "ClickLogScanner": "hybridrank.data.scanner",
-    "GroupBatchSampler": "hybridrank.data.sampler", "ListDataset": "hybridrank.data.sampler",
-    "collate": "hybridrank.data.sampler", "unit_ids": "hybridrank.data.sampler",
+    "GroupBatchSampler": "hybridrank.data.sampler", "ListDataset": "hybridrank.data.collate",
+    "collate": "hybridrank.data.collate", "unit_ids": "hybridrank.data.sampler",
     "POOLING_SCOPES": "hybridrank.data.sampler",
     "BatchStream": "hybridrank.data.stream", "ChunkedSource": "hybridrank.data.chunked",
     "check_fingerprint": "hybridrank.data.fingerprint",

@@ -19,7 +19,8 @@ import numpy as np
 import polars as pl
 import torch
 
-from hybridrank.data.readers import MAX_REQUEST_SPAN, ColumnMap, normalize_types, request_key_expr, validate_frame
+from hybridrank.data.readers import MAX_REQUEST_SPAN, ColumnMap, normalize_types, request_key_expr
+from hybridrank.data.validate import validate_frame
 from hybridrank.data.vocab import (
     ValueCounter,
     VocabIndex,
@@ -60,7 +61,7 @@ class Schema:
         label_max: the largest label value (1 for clicks, 2 for MQ2008, 4 for MSLR).
         columns: the :class:`ColumnMap` that was used.
         nan_policy, fill_value, duplicates, max_request_span: the value policies of
-            :func:`~hybridrank.data.readers.validate_frame` the data was read under; :meth:`validate`
+            :func:`~hybridrank.data.validate.validate_frame` the data was read under; :meth:`validate`
             applies them to new data (a model trained with ``nan_policy="fill"`` fills NaN
             features of the files it scores with the same ``fill_value``).
         vocab_policy: per categorical, its :class:`~hybridrank.data.vocab.VocabPolicy` (minimum

@@ -48,13 +48,13 @@ from hybridrank.data.readers import (
     ColumnMap,
     expand_files,
     read_clicklog,
-    validate_frame,
 )
 from hybridrank.data.scanner import Chunk, ClickLogScanner
 from hybridrank.data.schema import Schema
 from hybridrank.data.simulate import simulate_clicklog
 from hybridrank.data.source import Source, Splits, given_schema
 from hybridrank.data.splits import SPLITS, split_frame, split_parts, split_spec
+from hybridrank.data.validate import validate_frame
 from hybridrank.data.vocab import VocabPolicy, vocab_policies
 
 __all__ = [
@@ -261,7 +261,7 @@ class ClickLogSource(Source):
         nan_policy: ``"error"`` (default) or ``"fill"`` missing / NaN / inf numeric features with
             ``fill_value`` (counts are logged).
         duplicates: repeated (request, item) rows: ``"error"`` (default), ``"drop"`` (keep the
-            first) or ``"keep"`` (:func:`~hybridrank.data.readers.validate_frame`).
+            first) or ``"keep"`` (:func:`~hybridrank.data.validate.validate_frame`).
         max_request_span: seconds; a request id whose rows lie further apart in time is an error
             (a reused id); None keeps them as one request.
         vocab: how categoricals become codes: ``{min_count: 1, max_size: null, hash_buckets:

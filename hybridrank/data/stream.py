@@ -4,7 +4,7 @@
 chunk) or streamed (many chunks of whole requests, one in memory at a time). It sits above both
 things it joins: what it reads of a source is :class:`~hybridrank.data.chunked.ChunkedSource`
 (``layout()``, ``read_chunk``, ``schema``), and each chunk is batched by the sampler
-(:class:`~hybridrank.data.sampler.GroupBatchSampler`, :class:`~hybridrank.data.sampler.ListDataset`).
+(:class:`~hybridrank.data.sampler.GroupBatchSampler`, :class:`~hybridrank.data.collate.ListDataset`).
 Neither the sources nor the sampler import it.
 """
 
@@ -23,7 +23,8 @@ import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 from hybridrank.data.chunked import ChunkedSource
-from hybridrank.data.sampler import GroupBatchSampler, ListDataset
+from hybridrank.data.collate import ListDataset
+from hybridrank.data.sampler import GroupBatchSampler
 from hybridrank.lists import Batch, ListData
 
 __all__ = ["BatchStream", "chunk_seed", "PREFETCH_THREAD"]
@@ -79,8 +80,8 @@ class BatchStream(IterableDataset):
     Where batches are built (``device``): by default on the host, where the source's chunks are
     read (Lightning then copies each batch to the training device). With ``device`` set, each chunk
     is copied to that device once (a one-chunk source once for every epoch, kept in ``resident``)
-    and its batches are gathered there (:func:`~hybridrank.data.sampler.gather_batch`); the host
-    only plans them (:func:`~hybridrank.data.sampler.plan_batch`), from the chunk's offsets and
+    and its batches are gathered there (:func:`~hybridrank.data.collate.gather_batch`); the host
+    only plans them (:func:`~hybridrank.data.collate.plan_batch`), from the chunk's offsets and
     labels, so the batches are exactly those of the host path. A chunk on the device costs its
     features' size there (:attr:`ListData.nbytes`), two chunks while the next is prefetched.
 
