@@ -45,7 +45,8 @@ _ORDINALS = ("first second third fourth fifth sixth seventh eighth ninth tenth e
 _ORDINAL = r"(?:" + "|".join(_ORDINALS) + r"|\d+(?:st|nd|rd|th))"
 #: labels of work periods; matched case-insensitively on the joined text of a file
 LABELS = (
-    # "the ninth session", "last session's runs", "an earlier session"
+    # an ordinal or "earlier" / "last" before the word for a work period (examples in the test
+    # below, spelled so that a plain grep of the repository does not find them)
     re.compile(rf"\b(?:{_ORDINAL}|earlier|previous|prior|last|next|later)\s+(?:work(?:ing)?\s+)?"
                r"sessions?\b", re.IGNORECASE),
     # a heading's "(2026-11-27, eighth ...)"
@@ -222,8 +223,8 @@ def test_the_citation_checker_finds_what_it_should(tmp_path):
 
 def test_the_label_grep_finds_labels_and_leaves_user_sessions_alone(tmp_path):
     labelled = _write(tmp_path, "a.py", "\n".join([
-        "# measured in the ninth session",
-        "# (last session's runs)",
+        "# measured in the ninth " + "session",
+        "# (last " + "session's runs)",
         "### Offsets (2026-11-28, twelfth sitting)",
         "# a random-order log (until",
         "#: 2026-11-27 it made exploration traffic 'NOT identified')",
@@ -266,7 +267,7 @@ def test_conventions_are_in_the_repository_and_cited():
 
 
 def test_no_labels_of_work_periods():
-    """Nothing names the team's own work periods ("ninth session", "2026-11-28, tenth ...",
+    """Nothing names the team's own work periods (an ordinal before the word, "2026-11-28, tenth ...",
     "until 2026-11-27 it made ..."): say what is, with a date where one helps."""
     found = work_period_labels(scanned_files())
     assert not found, "labels of work periods:\n" + "\n".join(found)
