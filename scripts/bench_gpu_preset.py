@@ -16,7 +16,8 @@ world's log with its column map, position not a feature: what the shipped click-
     python scripts/bench_gpu_preset.py --tables results/gpu_preset.json
 
 Variants: ``cpu`` (no overrides) and ``gpu`` (``trainer=gpu`` on the CPU) unless ``--variant``
-gives others (``NAME|override|override...``; ``--variant cpu --variant gpu`` keeps those). The
+gives others (``NAME|override|override...``, ``@gpu`` standing for the gpu variant's overrides;
+``--variant cpu --variant gpu`` keeps those). The
 results go to ``--out`` (JSON, appended to when it exists) and a table is printed.
 """
 
@@ -41,13 +42,17 @@ METRICS = ("logloss", "ndcg@10")
 
 
 def parse_variant(text: str) -> tuple[str, list[str]]:
-    """``NAME|override|...`` (or a known name) -> (name, overrides)."""
+    """``NAME|override|...`` (or a known name) -> (name, overrides); an override ``@gpu`` stands
+    for a known variant's overrides."""
     name, *overrides = text.split("|")
     if not overrides:
-        if name not in VARIANTS:
-            raise SystemExit(f"unknown variant {name!r}: known {sorted(VARIANTS)}, or NAME|override|...")
-        return name, list(VARIANTS[name])
-    return name, overrides
+        overrides = [f"@{name}"]
+    out: list[str] = []
+    for o in overrides:
+        if o.startswith("@") and o[1:] not in VARIANTS:
+            raise SystemExit(f"unknown variant {o[1:]!r}: known {sorted(VARIANTS)}, or NAME|override|...")
+        out.extend(VARIANTS[o[1:]] if o.startswith("@") else [o])
+    return name, out
 
 
 def run_one(overrides: Sequence[str]) -> dict[str, Any]:
@@ -89,15 +94,17 @@ def within(a: Sequence[float], b: Sequence[float]) -> bool:
 
 def table(results: Sequence[dict[str, Any]]) -> str:
     lines = ["| data | variant | budget | lr | test log loss [95 % CI] | test NDCG@10 [95 % CI] | "
-             "epochs (best) | within noise of cpu |", "|---|---|---:|---:|---|---|---|---|"]
+             "epochs (best) | minus cpu (log loss / NDCG@10) | within noise of cpu |",
+             "|---|---|---:|---:|---|---|---|---|---|"]
     for r in results:
         base = r["runs"].get("cpu")
         for name, run in r["runs"].items():
-            ok = "-" if base is None or name == "cpu" else " / ".join(
-                "yes" if within(run[m], base[m]) else "NO" for m in METRICS)
+            other = base is not None and name != "cpu"
+            ok = " / ".join("yes" if within(run[m], base[m]) else "NO" for m in METRICS) if other else "-"
+            diff = " / ".join(f"{run[m][0] - base[m][0]:+.5f}" for m in METRICS) if other else "-"
             cells = [f"{run[m][0]:.5f} [{run[m][1]:.5f}, {run[m][2]:.5f}]" for m in METRICS]
             lines.append(f"| {r['data']} | {name} | {run['budget']} | {run['lr']:.4g} | {cells[0]} | "
-                         f"{cells[1]} | {run['epochs']} ({run['best_epoch']}) | {ok} |")
+                         f"{cells[1]} | {run['epochs']} ({run['best_epoch']}) | {diff} | {ok} |")
     return "\n".join(lines)
 
 
@@ -112,8 +119,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=ROOT / "results" / "gpu_preset.json")
     ap.add_argument("--tables", nargs="+", type=Path, default=None, help="print saved results")
     a = ap.parse_args(argv)
-    if a.tables:
-        print(table([r for p in a.tables for r in json.loads(p.read_text())]))
+    if a.tables:  # entries of one data set in several files are merged
+        merged: dict[str, dict[str, Any]] = {}
+        for path in a.tables:
+            for r in json.loads(path.read_text()):
+                merged.setdefault(r["data"], {"data": r["data"], "runs": {}})["runs"].update(r["runs"])
+        print(table(list(merged.values())))
         return 0
     variants = [parse_variant(v) for v in (a.variant or ["cpu", "gpu"])]
     saved = json.loads(a.out.read_text()) if a.out.exists() else []
