@@ -3,7 +3,8 @@
 
 Importing the package (hydra does, to read the configs) registers the resolver
 ``${hybridrank.real_data:}`` that ``paths.data_dir`` uses: the shared real data folder
-(:func:`real_data_dir`).
+(:func:`real_data_dir`), and ``${hybridrank.scaled_lr:lr,budget,reference,rule}``, the
+learning rate of large batches (:func:`scaled_lr`) that ``trainer=gpu`` uses.
 """
 
 from __future__ import annotations
@@ -30,5 +31,38 @@ def real_data_dir() -> str:
     return "../shared/data"
 
 
+#: ``rule`` -> exponent ``p`` of :func:`scaled_lr`
+LR_RULES = {"none": 0.0, "sqrt": 0.5, "linear": 1.0}
+
+
+def scaled_lr(lr: float, budget: int, reference: int = 4096, rule: str = "sqrt") -> float:
+    """The learning rate for batches of ``budget`` impressions: ``lr * (budget / reference) ** p``.
+
+    ``p`` is 0.5 for ``rule="sqrt"`` (square-root scaling, the rule that keeps Adam's update
+    noise per impression seen about constant), 1 for ``linear`` (the SGD rule), 0 for ``none``.
+    At ``budget == reference`` it returns ``lr`` exactly. ``${hybridrank.scaled_lr:lr,budget,
+    reference,rule}`` in a config (conf/trainer/gpu.yaml).
+
+    Args:
+        lr: the learning rate at the reference budget.
+        budget: impressions per training batch (``data.budget``).
+        reference: the budget ``lr`` was chosen at (the CPU preset's 4,096).
+        rule: ``sqrt``, ``linear`` or ``none``.
+
+    Returns:
+        The scaled learning rate.
+    """
+    if rule not in LR_RULES:
+        raise ValueError(f"hybridrank.scaled_lr: rule must be one of {list(LR_RULES)}, got {rule!r}")
+    for name, value in (("lr", lr), ("budget", budget), ("reference", reference)):
+        if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+            raise ValueError(f"hybridrank.scaled_lr: {name} must be a number > 0, got {value!r}")
+    if budget == reference or rule == "none":
+        return float(lr)
+    return float(lr) * (float(budget) / float(reference)) ** LR_RULES[rule]
+
+
 if not OmegaConf.has_resolver("hybridrank.real_data"):
     OmegaConf.register_new_resolver("hybridrank.real_data", real_data_dir)
+if not OmegaConf.has_resolver("hybridrank.scaled_lr"):
+    OmegaConf.register_new_resolver("hybridrank.scaled_lr", scaled_lr)

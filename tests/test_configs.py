@@ -157,6 +157,23 @@ def test_trainer_options(name, compose_cfg):
     assert isinstance(trainer, pl.Trainer)
 
 
+def test_trainer_presets_size_their_batches(compose_cfg):
+    """trainer=gpu fills a device (data.budget >= 65,536) at the learning rate of its rule
+    (conf/trainer/gpu.yaml); every other trainer keeps the CPU preset's budget and lr."""
+    for name in options("trainer"):
+        cfg = compose_cfg("config", f"trainer={name}")
+        if name == "gpu":
+            rule = cfg.lr_scaling
+            power = {"none": 0.0, "sqrt": 0.5, "linear": 1.0}[rule.rule]
+            assert cfg.data.budget >= 65536 and rule.reference_budget == 4096
+            assert cfg.model.optimizer.lr == pytest.approx(
+                rule.base_lr * (cfg.data.budget / rule.reference_budget) ** power)
+            assert cfg.model.optimizer.lr > rule.base_lr
+        else:
+            assert (cfg.data.budget, cfg.model.optimizer.lr) == (4096, 0.002), name
+            assert "lr_scaling" not in cfg, name
+
+
 @pytest.mark.parametrize("name", options("callbacks"))
 def test_callback_options(name, compose_cfg):
     cfg = compose_cfg("config", f"callbacks={name}", *SMALL)

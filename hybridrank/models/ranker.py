@@ -17,6 +17,7 @@ benchmarks all call these; the click logit of raw outputs is :meth:`HybridLoss.c
 from __future__ import annotations
 
 import copy
+import functools
 import logging
 import math
 from collections.abc import Callable, Mapping
@@ -593,6 +594,15 @@ class HybridRanker(pl.LightningModule):
         opt = factory(self.parameters())
         if self.scheduler_factory is None:
             return opt
-        sched = self.scheduler_factory(opt)
-        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "monitor": self.monitor}}
+        # `interval` (a key of the scheduler config, not an argument of the scheduler): when
+        # Lightning steps it, after each epoch (default) or each optimizer step (warm-up)
+        make, interval = self.scheduler_factory, "epoch"
+        if isinstance(make, functools.partial) and "interval" in make.keywords:
+            keywords = dict(make.keywords)
+            interval = keywords.pop("interval")
+            make = functools.partial(make.func, *make.args, **keywords)
+        if interval not in ("epoch", "step"):
+            raise ValueError(f"model.scheduler.interval must be 'epoch' or 'step', got {interval!r}")
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": make(opt), "monitor": self.monitor,
+                                                   "interval": interval}}
 
