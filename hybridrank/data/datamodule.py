@@ -3,6 +3,7 @@ Source` and the one batch builder (:class:`~hybridrank.data.stream.BatchStream`)
 
 from __future__ import annotations
 
+import logging
 import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -11,6 +12,7 @@ import numpy as np
 import pytorch_lightning as pl
 from torch.utils.data import DataLoader
 
+from hybridrank.data.period_levels import PeriodCheck, check_periods
 from hybridrank.data.sampler import POOLING_SCOPES, negative_counts
 from hybridrank.data.sources import Source, Splits, SplitsSource
 from hybridrank.data.splits import SPLITS
@@ -18,6 +20,8 @@ from hybridrank.data.stream import BatchStream
 from hybridrank.lists import ListData
 
 __all__ = ["ListDataModule", "ResumableLoader"]
+
+log = logging.getLogger(__name__)
 
 # BatchStream's __len__ is this rank's exact batch count and loader workers build disjoint batches
 # of it, so Lightning's generic warning about an IterableDataset with __len__ does not apply.
@@ -120,6 +124,8 @@ class ListDataModule(pl.LightningDataModule):
         self.num_workers = num_workers
         self._model_data: dict[str, Any] | None = None
         self._value_counts: dict[str, np.ndarray] | None = None
+        #: the click levels of the periods (:mod:`hybridrank.data.period_levels`), set by model_data
+        self.period_check: PeriodCheck | None = None
         if splits is not None:  # fail now, not in the middle of the first epoch
             self.model_data()
 
@@ -153,6 +159,7 @@ class ListDataModule(pl.LightningDataModule):
 
             stats = self.source.scan(on_train=count)
             self.source.check_splits(SPLITS)
+            self._check_periods()
             rows, pos = stats["train"]["rows"], stats["train"]["positives"]
             self._model_data = {
                 "schema": self.source.schema.to_dict(),
@@ -162,6 +169,18 @@ class ListDataModule(pl.LightningDataModule):
                 "fingerprint": self.source.fingerprint(),
             }
         return self._model_data
+
+    def _check_periods(self) -> None:
+        """Warn when validation cannot show the test period's click level (a one-chunk source
+        with request times: :func:`~hybridrank.data.period_levels.check_periods`)."""
+        if not self.source.one_chunk:
+            return
+        splits = self.source.load()
+        self.period_check = check_periods(splits.train, splits.val, splits.test)
+        message = self.period_check.message if self.period_check is not None else None
+        if message:
+            log.warning("%s", message)
+            warnings.warn(message, UserWarning, stacklevel=3)
 
     def value_counts(self) -> dict[str, np.ndarray]:
         """Occurrences of each code of each vocabulary categorical in the training requests:
