@@ -49,7 +49,9 @@ from bench_generalization import _ndcg10, _overrides, _pin, _xent, prepare_world
 from reference_fm import fit_reference_fm  # noqa: E402
 
 #: The plain FM's grid: per-example L2 on the rows used x Adam learning rate (dim 8, batch 1024).
-GRID = [{"l2": l2, "lr": lr} for l2 in (1e-4, 1e-3, 1e-2, 3e-2, 0.1, 0.3, 1.0) for lr in (1e-3, 3e-3)]
+GRID = [{"l2": l2, "lr": lr} for l2 in (1e-4, 1e-2, 0.1, 0.3, 1.0) for lr in (1e-3, 3e-3)]
+#: the first grid (the gap measurement on worlds 8200-8209): two more L2 values
+GRID14 = [{"l2": l2, "lr": lr} for l2 in (1e-4, 1e-3, 1e-2, 3e-2, 0.1, 0.3, 1.0) for lr in (1e-3, 3e-3)]
 
 
 def parse_seeds(text: str) -> list[int]:
@@ -154,6 +156,37 @@ class WorldRun:
                    stop=str(tr["stopped_because"])[:40])
         return row
 
+    def lightgbm(self) -> dict[str, Any]:
+        """LightGBM binary, early stopped on validation log loss (``_common.fit_lightgbm``, the
+        settings of ``scripts/bench_real.py``), with ``log(position)`` as a feature."""
+        from dataclasses import replace
+        from types import SimpleNamespace
+
+        import torch
+        from _common import fit_lightgbm
+        from bench_real import LGBM_PARAMS
+
+        def with_position(d):
+            return replace(d, num=torch.cat([d.num, d.position.float().log()[:, None]], dim=1))
+
+        s = self.splits
+        test = with_position(s.test)
+        slot1 = test.num.clone()
+        slot1[:, -1] = 0.0  # log(1): the test rows again, scored at slot 1
+        both = SimpleNamespace(num=torch.cat([test.num, slot1]), cat=torch.cat([test.cat, test.cat]),
+                               label=torch.cat([test.label, test.label]),
+                               lengths=torch.cat([test.lengths, test.lengths]))
+        val = with_position(s.val)
+        r = fit_lightgbm("binary", SimpleNamespace(train=with_position(s.train), val=val, test=both),
+                         LGBM_PARAMS)
+        z = r["z_test"].double().numpy()
+        n = test.n_impressions
+        row = figures(_sigmoid(z[:n]), _sigmoid(z[n:]), self.truth, self.offsets)
+        y_val = (val.label.numpy() > 0).astype(np.float64)
+        row.update(best_iteration=r["best_iteration"],
+                   val_ll=float(np.mean(_xent(_sigmoid(r["z_val"].double().numpy()), y_val))))
+        return row
+
     def reference(self, grid: Sequence[Mapping[str, float]]) -> list[dict[str, Any]]:
         world = self.w["world"]
         cols = dict(world.columns)
@@ -191,7 +224,10 @@ def _key(seed: int, family: str, size: str, pins: Mapping[str, Any], variant: st
 
 
 def run(a: argparse.Namespace) -> int:
+    import torch
+
     quiet()
+    torch.set_num_threads(a.threads)  # one per process: the machine is shared
     pins = dict(_pin(x) for x in a.pin)
     variants = [parse_variant(v) for v in a.variant]
     done = set()
@@ -201,7 +237,10 @@ def run(a: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory(prefix="bench-defaults-worlds-") as tmp:
         for seed in parse_seeds(a.seeds):
             todo = [(n, o) for n, o in variants if _key(seed, a.family, a.size, pins, n, o) not in done]
-            gkey = _key(seed, a.family, a.size, pins, "grid", [json.dumps(GRID)])
+            grid = GRID14 if a.grid14 else GRID
+            gkey = _key(seed, a.family, a.size, pins, "grid", [json.dumps(grid)])
+            if _key(seed, a.family, a.size, pins, "grid", [json.dumps(GRID14)]) in done:
+                gkey = _key(seed, a.family, a.size, pins, "grid", [json.dumps(GRID14)])  # holds GRID
             if not todo and (not a.grid or gkey in done):
                 continue
             wr = WorldRun(seed, a.family, a.size, pins, Path(tmp))
@@ -210,13 +249,14 @@ def run(a: argparse.Namespace) -> int:
                     "impressions": wr.w["world"].frame.height, "describe": wr.describe()}
             for name, overrides in todo:
                 t0 = time.perf_counter()
+                fig = wr.lightgbm() if name == "lgbm" else wr.hybrid(overrides)
                 row = {**head, "variant": name, "overrides": overrides,
-                       "key": _key(seed, a.family, a.size, pins, name, overrides), **wr.hybrid(overrides)}
+                       "key": _key(seed, a.family, a.size, pins, name, overrides), **fig}
                 _append(a.out, row)
                 print(f"  {name}: excess {row['excess']:.5f} ndcg_gap {row['ndcg_gap']:.4f} "
                       f"epochs {row['epochs']} ({time.perf_counter() - t0:.0f} s under load)", flush=True)
             if a.grid and gkey not in done:
-                for row in wr.reference(GRID):
+                for row in wr.reference(grid):
                     _append(a.out, {**head, **row, "key": None})
                 _append(a.out, {**head, "variant": "grid_done", "key": gkey})
                 print("  grid done", flush=True)
@@ -242,6 +282,8 @@ def load_rows(paths: Sequence[Path]) -> dict[tuple, dict[str, dict]]:
         grid = [r for v, r in rows.items() if v.startswith("ref ")]
         if grid:
             rows["grid_best"] = min(grid, key=lambda r: r["val_ll"])
+            ten = [r for r in grid if r["setting"] in GRID]
+            rows["grid10_best"] = min(ten, key=lambda r: r["val_ll"])
     return worlds
 
 
@@ -286,6 +328,55 @@ def table(a: argparse.Namespace) -> int:
     return 0
 
 
+#: Real logs (``$HYBRIDRANK_REAL_DATA``): name -> data overrides. Labels > 0 are clicks.
+OB = "${paths.data_dir}/clicklogs/open_bandit_dataset_sample"
+REAL = {
+    "mslr": ["data=mslr"],
+    **{f"mq2008_fold{k}": ["data=letor_mq2008"] + [f"data.source.{p}=${{paths.data_dir}}/letor/MQ2008/"
+                                                   f"Fold{k}/{f}.txt" for p, f in
+                                                   (("train", "train"), ("val", "vali"), ("test", "test"))]
+       for k in (1, 2)},
+    **{f"open_bandit_{pol}_{c}": ["data=open_bandit", f"data.source.path={OB}/{pol}/{c}/{c}.csv"]
+       for pol in ("random", "bts") for c in ("all", "men", "women")},
+}
+
+
+def real(a: argparse.Namespace) -> int:
+    """Every scorer at its defaults (``loss=bce``) and LightGBM binary on the real logs: test log
+    loss against the clicks, beside the training click rate's."""
+    from _common import data_root, fit_lightgbm, load_splits, train_hybrid
+    from bench_real import LGBM_PARAMS
+
+    quiet()
+    data_root()
+    rows = []
+    for name in a.datasets:
+        splits = load_splits(REAL[name])
+        y = (splits.test.label.numpy() > 0).astype(np.float64)
+        base = float((splits.train.label.numpy() > 0).mean())
+        out = {"dataset": name, "rows": [splits.train.n_impressions, splits.val.n_impressions, y.size],
+               "base_ll": float(_xent(np.full_like(y, base), y).mean()), "ll": {}, "epochs": {}}
+        r = fit_lightgbm("binary", splits, LGBM_PARAMS)
+        out["ll"]["lgbm"] = float(_xent(_sigmoid(r["z_test"].double().numpy()), y).mean())
+        for model in a.models:
+            run = train_hybrid([*REAL[name], f"model={model}", "loss=bce", *a.extra], splits=splits)
+            p = _sigmoid(run.z_test.double().numpy())
+            out["ll"][model] = float(_xent(p, y).mean())
+            out["epochs"][model] = run.result["training"]["epochs"]
+            out.setdefault("pcoc", {})[model] = float(p.sum() / max(y.sum(), 1.0))
+        print(json.dumps(out), flush=True)
+        rows.append(out)
+    if a.out:
+        a.out.write_text(json.dumps(rows, indent=1))
+    models = ["lgbm", *a.models]
+    print("| data | base rate | " + " | ".join(models) + " |")
+    print("|---" * (len(models) + 2) + "|")
+    for r in rows:
+        print(f"| {r['dataset']} | {r['base_ll']:.4f} | " + " | ".join(
+            f"{r['ll'][m]:.4f}" + (f" ({r['epochs'][m]})" if m in r["epochs"] else "") for m in models) + " |")
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -294,15 +385,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     r.add_argument("--family", default="longtail", choices=("base", "longtail"))
     r.add_argument("--size", default="small", choices=("tiny", "small"))
     r.add_argument("--pin", nargs="*", default=[], metavar="FIELD=VALUE")
-    r.add_argument("--variant", action="append", default=[], metavar="NAME=OVERRIDE;OVERRIDE")
+    r.add_argument("--variant", action="append", default=[], metavar="NAME=OVERRIDE;OVERRIDE",
+                   help="a hybridrank run with these overrides; the name lgbm: LightGBM binary")
     r.add_argument("--grid", action="store_true", help="the plain FM over GRID")
+    r.add_argument("--grid14", action="store_true", help="the 14-setting grid GRID14 instead")
+    r.add_argument("--threads", type=int, default=1, help="torch threads of this process")
     r.add_argument("--out", type=Path, required=True)
     t = sub.add_parser("table")
     t.add_argument("files", nargs="+", type=Path)
     t.add_argument("--against", default="grid_best")
     t.add_argument("--variants", default=None)
+    e = sub.add_parser("real")
+    e.add_argument("--datasets", nargs="+", default=["mslr", "open_bandit_random_all", "open_bandit_bts_all",
+                                                     "mq2008_fold1"], choices=sorted(REAL))
+    e.add_argument("--models", nargs="+", default=["linear", "mlp", "fm", "deepfm", "dcnv2"])
+    e.add_argument("--extra", nargs="*", default=[], help="hydra overrides for every hybridrank run")
+    e.add_argument("--out", type=Path, default=None)
     a = ap.parse_args(argv)
-    return run(a) if a.cmd == "run" else table(a)
+    return {"run": run, "table": table, "real": real}[a.cmd](a)
 
 
 if __name__ == "__main__":

@@ -190,3 +190,41 @@ def test_frequency_mode_needs_counts_and_a_known_mode(tmp_path):
     off = _model(dm.schema, embedding_l2=0.0, embedding_l2_mode="frequency")
     off.setup("fit")
     assert off._row_weights is None and off.unseen_report == {}
+
+
+# ----------------------------------------------------------------------------------------------
+# numeric inputs limited to the training range
+# ----------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("k", range(5))
+def test_numeric_clip_scores_an_outlier_as_the_edge_of_the_range(k):
+    torch.manual_seed(1)
+    scorer = type(_scorers()[k])(2, SIZES, numeric_clip=5.0)
+    num = torch.tensor([[40.0, -0.3], [-1e6, 2.0], [5.0, -0.3], [-5.0, 2.0]])
+    cat = torch.ones(4, len(SIZES), dtype=torch.long)
+    out = scorer(num, cat)
+    # an outlier scores as the bound itself; values inside the range are untouched
+    torch.testing.assert_close(out[0], out[2])
+    torch.testing.assert_close(out[1], out[3])
+    inside = torch.tensor([[1.5, -0.3]])
+    plain = type(scorer)(2, SIZES)
+    plain.load_state_dict(scorer.state_dict())
+    torch.testing.assert_close(scorer(inside, cat[:1]), plain(inside, cat[:1]))
+    with pytest.raises(ValueError, match="numeric_clip must be > 0 or None"):
+        type(scorer)(2, SIZES, numeric_clip=0.0)
+
+
+def test_without_the_clip_a_cross_network_explodes_on_an_outlier():
+    """The failure the clip prevents: DCN-v2's cross layers are a polynomial of degree
+    n_cross + 1, so an input 100 standard deviations out moves the logit by orders of magnitude
+    more than one at the bound does."""
+    torch.manual_seed(2)
+    free = DCNv2Scorer(2, SIZES, hidden=(4,), emb_dim=4)
+    with torch.no_grad():
+        free.head.weight.normal_(0, 0.1)
+    clipped = DCNv2Scorer(2, SIZES, hidden=(4,), emb_dim=4, numeric_clip=5.0)
+    clipped.load_state_dict(free.state_dict())
+    cat = torch.ones(2, len(SIZES), dtype=torch.long)
+    num = torch.tensor([[0.0, 0.0], [100.0, 0.0]])
+    jump_free = (free(num, cat)[1] - free(num, cat)[0]).abs().item()
+    jump_clip = (clipped(num, cat)[1] - clipped(num, cat)[0]).abs().item()
+    assert jump_free > 1000 * jump_clip
