@@ -253,8 +253,9 @@ def run(a: argparse.Namespace) -> int:
                 row = {**head, "variant": name, "overrides": overrides,
                        "key": _key(seed, a.family, a.size, pins, name, overrides), **fig}
                 _append(a.out, row)
-                print(f"  {name}: excess {row['excess']:.5f} ndcg_gap {row['ndcg_gap']:.4f} "
-                      f"epochs {row['epochs']} ({time.perf_counter() - t0:.0f} s under load)", flush=True)
+                n = row.get("epochs", row.get("best_iteration"))
+                print(f"  {name}: excess {row['excess']:.5f} ndcg_gap {row['ndcg_gap']:.4f} epochs {n} "
+                      f"({time.perf_counter() - t0:.0f} s under load)", flush=True)
             if a.grid and gkey not in done:
                 for row in wr.reference(grid):
                     _append(a.out, {**head, **row, "key": None})
@@ -377,6 +378,32 @@ def real(a: argparse.Namespace) -> int:
     return 0
 
 
+def compare(a: argparse.Namespace) -> int:
+    """Each variant against its baseline (the variant named by its prefix before ``_``: ``fm_f10``
+    against ``fm``) on the worlds both ran: per world the paired difference of the excess with
+    its standard error over requests; the table counts worlds better / worse by 2 SE."""
+    worlds = load_rows(a.files)
+    names = sorted({v for rows in worlds.values() for v in rows if "_" in v and not v.startswith(("ref ", "grid"))})
+    print("| variant | worlds | excess ratio to baseline: mean (min-max) | better / worse by 2 SE | "
+          "NDCG@10 gap minus baseline's: mean | epochs: mean (baseline's) |")
+    print("|---|---|---|---|---|---|")
+    for v in names:
+        base = v.split("_")[0]
+        pairs = [(rows[v], rows[base]) for rows in worlds.values() if v in rows and base in rows]
+        if not pairs:
+            continue
+        ratios = [x["excess"] / y["excess"] for x, y in pairs]
+        diffs = [paired(x, y) for x, y in pairs]
+        better = sum(d < -2 * se for d, se in diffs)
+        worse = sum(d > 2 * se for d, se in diffs)
+        dn = np.mean([x["ndcg_gap"] - y["ndcg_gap"] for x, y in pairs])
+        ep = np.mean([x.get("epochs") or np.nan for x, _ in pairs])
+        ep0 = np.mean([y.get("epochs") or np.nan for _, y in pairs])
+        print(f"| {v} | {len(pairs)} | {np.mean(ratios):.3f} ({min(ratios):.3f}-{max(ratios):.3f}) | "
+              f"{better} / {worse} | {dn:+.4f} | {ep:.1f} ({ep0:.1f}) |")
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -395,6 +422,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     t.add_argument("files", nargs="+", type=Path)
     t.add_argument("--against", default="grid_best")
     t.add_argument("--variants", default=None)
+    c = sub.add_parser("compare")
+    c.add_argument("files", nargs="+", type=Path)
     e = sub.add_parser("real")
     e.add_argument("--datasets", nargs="+", default=["mslr", "open_bandit_random_all", "open_bandit_bts_all",
                                                      "mq2008_fold1"], choices=sorted(REAL))
@@ -402,7 +431,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     e.add_argument("--extra", nargs="*", default=[], help="hydra overrides for every hybridrank run")
     e.add_argument("--out", type=Path, default=None)
     a = ap.parse_args(argv)
-    return {"run": run, "table": table, "real": real}[a.cmd](a)
+    return {"run": run, "table": table, "real": real, "compare": compare}[a.cmd](a)
 
 
 if __name__ == "__main__":

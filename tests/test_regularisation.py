@@ -228,3 +228,16 @@ def test_without_the_clip_a_cross_network_explodes_on_an_outlier():
     jump_free = (free(num, cat)[1] - free(num, cat)[0]).abs().item()
     jump_clip = (clipped(num, cat)[1] - clipped(num, cat)[0]).abs().item()
     assert jump_free > 1000 * jump_clip
+
+
+def test_a_step_outside_a_fit_without_counts_warns_and_leaves_the_penalty_out(tmp_path):
+    dm = _datamodule(tmp_path)
+    model = _model(dm.schema, embedding_l2=10.0, embedding_l2_mode="frequency")
+    batch = next(iter(dm.train_dataloader()))
+    with pytest.warns(UserWarning, match="the embedding L2 is left out of this step"):
+        total = model.training_step(batch, 0)
+    plain = _model(dm.schema)
+    plain.load_state_dict(model.state_dict())
+    assert total.item() == pytest.approx(plain.training_step(batch, 0).item())
+    model.set_value_counts(dm.value_counts())  # with the counts the penalty is there
+    assert model.training_step(batch, 0).item() > total.item()

@@ -430,9 +430,16 @@ class HybridRanker(pl.LightningModule):
         if self.embedding_l2_mode == "per_impression":
             return embedding_penalty(self.scorer, cat)
         weights = self._row_weights
-        if weights is None:
-            raise ValueError("embedding_l2_mode=frequency: no row counts; the fit's setup sets "
-                             "them from the datamodule's value_counts(), or call set_value_counts")
+        if weights is None:  # a step outside a fit (whose setup sets the counts or refuses)
+            if not getattr(self, "_warned_counts", False):
+                import warnings
+
+                self._warned_counts = True
+                warnings.warn("embedding_l2_mode=frequency: no value counts (the fit's setup sets "
+                              "them from the datamodule's value_counts(); or call "
+                              "set_value_counts): the embedding L2 is left out of this step",
+                              stacklevel=3)
+            return cat.new_zeros((), dtype=torch.float32)
         if any(w is not None and w.device != cat.device for w in weights):
             weights = self._row_weights = [None if w is None else w.to(cat.device) for w in weights]
         return frequency_penalty(self.scorer, cat, request, weights)
