@@ -19,11 +19,11 @@ from hybridrank.data.fingerprint import DataChangedError, check_fingerprint, fil
 from hybridrank.data.hashing import stable_hash
 from hybridrank.data.libsvm import read_libsvm
 from hybridrank.data.readers import ColumnMap, normalize_types, read_clicklog
-from hybridrank.data.validate import validate_frame
 from hybridrank.data.schema import Schema
 from hybridrank.data.simulate import simulate_clicklog
 from hybridrank.data.sources import SIM_COLUMNS_MAP, ClickLogSource, LetorSource, SimulatedSource, Splits
 from hybridrank.data.splits import split_frame
+from hybridrank.data.validate import validate_frame
 
 ROOT = Path(__file__).resolve().parents[1]
 FEATS = [f"f{i}" for i in range(1, 47)]
@@ -806,8 +806,8 @@ def test_explore_and_propensity_roles_are_read_checked_and_batched():
     values are errors naming the column."""
     from hybridrank.data.collate import ListDataset, collate  # noqa: F401  (the batch builder)
     from hybridrank.data.readers import ColumnMap
-    from hybridrank.data.validate import validate_frame
     from hybridrank.data.schema import Schema
+    from hybridrank.data.validate import validate_frame
 
     frame = pl.DataFrame({"r": [1, 1, 2, 2, 3], "y": [0.0, 1.0, 0.0, 0.0, 1.0], "x": [0.1, 0.2, 0.3, 0.4, 0.5],
                           "pos": [1, 2, 1, 2, 1], "ex": [1, 1, 0, 0, 1], "pr": [0.5, 0.5, 0.9, 0.1, 1.0]})

@@ -8,10 +8,10 @@ import math
 import hydra
 import pytest
 import pytorch_lightning as pl
+from hybridrank.conf import scaled_lr
 from omegaconf import OmegaConf
 
 from hybridrank.cli.train import build_model
-from hybridrank.conf import scaled_lr
 
 SMALL = ("data.source.n_users=60",)
 pytestmark = pytest.mark.usefixtures("one_thread")

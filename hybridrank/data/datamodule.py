@@ -13,6 +13,7 @@ import pytorch_lightning as pl
 import torch
 from torch.utils.data import DataLoader
 
+from hybridrank.data.period_levels import PeriodCheck, check_periods
 from hybridrank.data.sampler import POOLING_SCOPES, negative_counts
 from hybridrank.data.source import Source, Splits
 from hybridrank.data.sources import SplitsSource
@@ -151,6 +152,8 @@ class ListDataModule(pl.LightningDataModule):
         self._resident: dict = {}  # device copies of one-chunk splits, kept for the run
         self._model_data: dict[str, Any] | None = None
         self._value_counts: dict[str, np.ndarray] | None = None
+        #: the click levels of the periods (:mod:`hybridrank.data.period_levels`), set by model_data
+        self.period_check: PeriodCheck | None = None
         if splits is not None:  # fail now, not in the middle of the first epoch
             self.model_data()
 
@@ -184,6 +187,7 @@ class ListDataModule(pl.LightningDataModule):
 
             stats = self.source.scan(on_train=count)
             self.source.check_splits(SPLITS)
+            self._check_periods()
             rows, pos = stats["train"]["rows"], stats["train"]["positives"]
             self._model_data = {
                 "schema": self.source.schema.to_dict(),
@@ -193,6 +197,18 @@ class ListDataModule(pl.LightningDataModule):
                 "fingerprint": self.source.fingerprint(),
             }
         return self._model_data
+
+    def _check_periods(self) -> None:
+        """Warn when validation cannot show the test period's click level (a one-chunk source
+        with request times: :func:`~hybridrank.data.period_levels.check_periods`)."""
+        if not self.source.one_chunk:
+            return
+        splits = self.source.load()
+        self.period_check = check_periods(splits.train, splits.val, splits.test)
+        message = self.period_check.message if self.period_check is not None else None
+        if message:
+            log.warning("%s", message)
+            warnings.warn(message, UserWarning, stacklevel=3)
 
     def value_counts(self) -> dict[str, np.ndarray]:
         """Occurrences of each code of each vocabulary categorical in the training requests:

@@ -33,7 +33,8 @@ from hybridrank.lists import Batch, ListData, gather_lists
 from hybridrank.losses import HybridLoss
 from hybridrank.metrics.list_metrics import ListMetrics
 from hybridrank.models.position import position_obstacle, resolve_tower
-from hybridrank.models.scorers import column_tables, embedding_penalty, shift_click_logit
+from hybridrank.models.regularisation import EMBEDDING_L2_MODES, embedding_penalty, frequency_penalty, row_weights
+from hybridrank.models.scorers import column_tables, shift_click_logit
 from hybridrank.models.unseen import UNSEEN_DROPOUT, drop_unseen, probability_tables
 
 __all__ = ["HybridRanker", "serve"]
@@ -123,9 +124,15 @@ class HybridRanker(pl.LightningModule):
             training data check it).
         config: the resolved run config, kept for provenance (exports copy it into their metadata).
         monitor: the metric a scheduler steps on.
-        embedding_l2: weight of the L2 penalty on the embedding rows each batch uses
-            (:func:`~hybridrank.models.scorers.embedding_penalty`, per impression, added to the
-            training loss); 0 turns it off. Presets per scorer in ``conf/model``.
+        embedding_l2: weight of the L2 penalty on the embedding rows each batch uses, added to
+            the training loss; 0 turns it off. Presets per scorer in ``conf/model``.
+        embedding_l2_mode: how a row's L2 is counted. ``per_impression`` (the default here):
+            every use of the row (:func:`~hybridrank.models.regularisation.embedding_penalty`), so a
+            row is shrunk in proportion to its data. ``frequency`` (the presets in
+            ``conf/model``): once per training request holding it, divided by how many hold it
+            (:func:`~hybridrank.models.regularisation.frequency_penalty`): a prior worth
+            ``embedding_l2`` impressions on every row, so rare ids are shrunk most; the counts
+            come from the datamodule's ``value_counts()`` (or :meth:`set_value_counts`).
         unseen_dropout: ``good_turing`` (default): in training batches, replace vocabulary codes
             by 0 (out of vocabulary) at the Good-Turing rate of unseen values, rare values most
             (:mod:`hybridrank.models.unseen`), so code 0's embedding row is trained for the values
@@ -143,7 +150,8 @@ class HybridRanker(pl.LightningModule):
                  metrics: Any = None, position_bias: Any = None,
                  data: Mapping[str, Any] | None = None,
                  config: Mapping[str, Any] | None = None, monitor: str = "val/logloss",
-                 embedding_l2: float = 0.0, unseen_dropout: str = "good_turing"):
+                 embedding_l2: float = 0.0, unseen_dropout: str = "good_turing",
+                 embedding_l2_mode: str = "per_impression"):
         super().__init__()
         # position_bias=auto (when: position_known): the tower, unless the data has no display
         # position or uses it as a feature; decided here so that the checkpoint stores the outcome
@@ -155,6 +163,7 @@ class HybridRanker(pl.LightningModule):
                 "scheduler": _plain(scheduler), "metrics": _plain(metrics),
                 "position_bias": tower, "data": data,
                 "config": _plain(config), "monitor": monitor, "embedding_l2": float(embedding_l2),
+                "embedding_l2_mode": str(embedding_l2_mode),
                 # YAML 1.1 reads a bare `off` as false (and `on` as true)
                 "unseen_dropout": ({True: "good_turing", False: "off"}[unseen_dropout]
                                    if isinstance(unseen_dropout, bool) else str(unseen_dropout))}
@@ -201,6 +210,13 @@ class HybridRanker(pl.LightningModule):
             raise ValueError(f"embedding_l2 needs the scorer's per-column embedding tables (an "
                              f"nn.ModuleList of nn.Embedding, one per categorical column); "
                              f"{type(self.scorer).__name__} has none")
+        self.embedding_l2_mode = args["embedding_l2_mode"]
+        if self.embedding_l2_mode not in EMBEDDING_L2_MODES:
+            raise ValueError(f"embedding_l2_mode must be one of {list(EMBEDDING_L2_MODES)}, got "
+                             f"{embedding_l2_mode!r}")
+        # per categorical column the frequency-aware L2's row weights (1 / training count), set
+        # with the unseen-value dropout's counts (setup / set_value_counts); not in checkpoints
+        self._row_weights: list[torch.Tensor | None] | None = None
         self.unseen_dropout = args["unseen_dropout"]
         # per categorical column its drop probabilities (None: nothing dropped), set from the
         # training counts before the fit (setup / set_value_counts); not saved in checkpoints
@@ -352,7 +368,14 @@ class HybridRanker(pl.LightningModule):
         vocabulary column (``{column: [V + 1] counts}``, requests holding the code:
         ``ListDataModule.value_counts``; hashed columns left out); returns its report (per column
         the Good-Turing share, the share already at code 0, the share dropped).
-        A no-op report ``{}`` under ``unseen_dropout=off``."""
+        A no-op report ``{}`` under ``unseen_dropout=off``. The same counts give the row weights
+        of the frequency-aware embedding L2 (``embedding_l2_mode=frequency``)."""
+        if self._frequency_l2:
+            schema = self.schema
+            self._row_weights = row_weights(counts, schema.categorical, schema.vocab_sizes)
+            if schema.categorical and all(w is None for w in self._row_weights):
+                log.warning("embedding_l2_mode=frequency: no value counts for any categorical "
+                            "column, so no embedding row is penalised")
         if self.unseen_dropout == "off":
             self._unseen_tables, self.unseen_report = None, {}
             return {}
@@ -377,17 +400,44 @@ class HybridRanker(pl.LightningModule):
     def setup(self, stage: str) -> None:
         if stage != "fit" or self.unseen_report is not None:
             return
-        if self.unseen_dropout == "off":
+        if self.unseen_dropout == "off" and not self._frequency_l2:
             self.set_value_counts({})
             return
         dm = getattr(self._trainer, "datamodule", None) if self._trainer is not None else None
         counts = getattr(dm, "value_counts", None)
         if counts is None or self.data_info.get("schema") is None:
+            if self._frequency_l2:
+                raise ValueError("embedding_l2_mode=frequency needs the training value counts: "
+                                 "train with a ListDataModule, call set_value_counts before the "
+                                 "fit, or set model.embedding_l2_mode=per_impression")
             log.info("unseen-value dropout off: the training data gives no value counts (a "
                      "ListDataModule does; or call set_value_counts before the fit)")
             self.unseen_report = {}
             return
         self.set_value_counts(counts())
+
+    @property
+    def _frequency_l2(self) -> bool:
+        return self.embedding_l2 > 0 and self.embedding_l2_mode == "frequency"
+
+    def _embedding_penalty(self, cat: torch.Tensor, request: torch.Tensor) -> torch.Tensor:
+        """The embedding L2 of a training batch under ``embedding_l2_mode`` (unweighted)."""
+        if self.embedding_l2_mode == "per_impression":
+            return embedding_penalty(self.scorer, cat)
+        weights = self._row_weights
+        if weights is None:  # a step outside a fit (whose setup sets the counts or refuses)
+            if not getattr(self, "_warned_counts", False):
+                import warnings
+
+                self._warned_counts = True
+                warnings.warn("embedding_l2_mode=frequency: no value counts (the fit's setup sets "
+                              "them from the datamodule's value_counts(); or call "
+                              "set_value_counts): the embedding L2 is left out of this step",
+                              stacklevel=3)
+            return cat.new_zeros((), dtype=torch.float32)
+        if any(w is not None and w.device != cat.device for w in weights):
+            weights = self._row_weights = [None if w is None else w.to(cat.device) for w in weights]
+        return frequency_penalty(self.scorer, cat, request, weights)
 
     def _training_codes(self, batch: Batch) -> torch.Tensor:
         tables, cat = self._unseen_tables, batch.cat
@@ -428,7 +478,7 @@ class HybridRanker(pl.LightningModule):
             weights = gather_lists(batch.weight, batch.rank_index, batch.rank_mask)
         total, parts = self.loss(logits, labels, mask=batch.rank_mask, weights=weights)
         if self.embedding_l2 > 0:
-            l2 = embedding_penalty(self.scorer, cat)
+            l2 = self._embedding_penalty(cat, batch.request)
             total = total + self.embedding_l2 * l2
             parts = {**parts, "l2": l2}
         if self._logs_this_step():

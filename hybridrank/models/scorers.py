@@ -38,7 +38,7 @@ from torch import nn
 from hybridrank.models.attention import ListAttentionBlock, check_request, list_layout
 
 __all__ = ["MLPScorer", "LinearScorer", "FMScorer", "DeepFMScorer", "DCNv2Scorer", "ListAwareScorer",
-           "embedding_dim", "init_output_bias", "column_tables", "embedding_penalty", "shift_click_logit"]
+           "embedding_dim", "init_output_bias", "column_tables", "clip_numeric", "shift_click_logit"]
 
 
 def embedding_dim(vocab_size: int, cap: int) -> int:
@@ -94,6 +94,28 @@ def _check_sizes(n_outputs: int, width: int) -> None:
         raise ValueError("the scorer has no input: no numeric and no categorical feature")
 
 
+def _check_clip(bound: float | None) -> float | None:
+    if bound is None:
+        return None
+    if not float(bound) > 0:
+        raise ValueError(f"numeric_clip must be > 0 or None, got {bound}")
+    return float(bound)
+
+
+def clip_numeric(num: torch.Tensor, bound: float | None) -> torch.Tensor:
+    """Standardised numeric features limited to ``[-bound, bound]`` (None: as they are).
+
+    A value many training standard deviations out (a heavy-tailed feature at serving time) is
+    read as the edge of the training range instead of being extrapolated: polynomial scorers
+    (the FM's products of numeric fields, DCN-v2's cross layers: degree ``n_cross + 1``) would
+    otherwise turn it into an extreme logit.
+
+    >>> clip_numeric(torch.tensor([[-9.0, 0.5, 40.0]]), 5.0)
+    tensor([[-5.0000,  0.5000,  5.0000]])
+    """
+    return num if bound is None else num.clamp(-bound, bound)
+
+
 def _mlp(width: int, hidden: Sequence[int], dropout: float) -> tuple[nn.Sequential, int]:
     """``Linear -> ReLU [-> Dropout]`` per hidden width; returns the tower and its output width."""
     layers: list[nn.Module] = []
@@ -127,6 +149,8 @@ class MLPScorer(nn.Module):
         dropout: dropout after each hidden layer.
         base_rate: if given, the output bias starts at ``logit(base_rate)`` so the first steps do
             not spend themselves learning the click rate.
+        numeric_clip: numeric inputs limited to ``[-numeric_clip, numeric_clip]`` standard
+            deviations (:func:`clip_numeric`; None: as they are). Every scorer takes it.
     """
 
     list_aware = False
@@ -140,8 +164,10 @@ class MLPScorer(nn.Module):
         emb_dim: int = 16,
         dropout: float = 0.0,
         base_rate: float | None = None,
+        numeric_clip: float | None = None,
     ):
         super().__init__()
+        self.numeric_clip = _check_clip(numeric_clip)
         if n_outputs not in (1, 2):
             raise ValueError(f"n_outputs must be 1 or 2, got {n_outputs}")
         self.n_numeric = int(n_numeric)
@@ -156,7 +182,7 @@ class MLPScorer(nn.Module):
 
     def forward(self, num: torch.Tensor, cat: torch.Tensor,
                 request: torch.Tensor | None = None) -> torch.Tensor:
-        x = torch.cat([num, self.embeddings(cat)], dim=1)
+        x = torch.cat([clip_numeric(num, self.numeric_clip), self.embeddings(cat)], dim=1)
         return self.head(self.body(x))
 
 
@@ -164,9 +190,9 @@ class LinearScorer(MLPScorer):
     """Logistic regression on numeric features and categorical embeddings (no hidden layer)."""
 
     def __init__(self, n_numeric: int, vocab_sizes: Sequence[int] = (), n_outputs: int = 1,
-                 emb_dim: int = 1, base_rate: float | None = None):
+                 emb_dim: int = 1, base_rate: float | None = None, numeric_clip: float | None = None):
         super().__init__(n_numeric, vocab_sizes, n_outputs, hidden=(), emb_dim=emb_dim,
-                         base_rate=base_rate)
+                         base_rate=base_rate, numeric_clip=numeric_clip)
 
 
 class DeepFMScorer(nn.Module):
@@ -193,6 +219,8 @@ class DeepFMScorer(nn.Module):
         dropout: dropout after each hidden layer.
         base_rate: starting click rate (the click logit starts at ``logit(base_rate)`` up to the
             small pairwise term of the random embeddings).
+        numeric_clip: numeric inputs limited to ``[-numeric_clip, numeric_clip]`` (None: as they
+            are): the pairwise term is quadratic in them.
 
     >>> s = DeepFMScorer(2, [10, 5], n_outputs=2, emb_dim=4, hidden=(8,))
     >>> s(torch.randn(3, 2), torch.tensor([[1, 0], [10, 5], [3, 2]])).shape
@@ -203,8 +231,9 @@ class DeepFMScorer(nn.Module):
 
     def __init__(self, n_numeric: int, vocab_sizes: Sequence[int] = (), n_outputs: int = 1,
                  emb_dim: int = 16, hidden: Sequence[int] = (128, 64), dropout: float = 0.0,
-                 base_rate: float | None = None):
+                 base_rate: float | None = None, numeric_clip: float | None = None):
         super().__init__()
+        self.numeric_clip = _check_clip(numeric_clip)
         self.n_numeric = int(n_numeric)
         self.vocab_sizes = tuple(int(v) for v in vocab_sizes)
         self.n_outputs = n_outputs
@@ -228,6 +257,7 @@ class DeepFMScorer(nn.Module):
 
     def forward(self, num: torch.Tensor, cat: torch.Tensor,
                 request: torch.Tensor | None = None) -> torch.Tensor:
+        num = clip_numeric(num, self.numeric_clip)
         e = self.fields(num, cat)
         s = e.sum(dim=1)
         z = self.fm_head(0.5 * (s * s - (e * e).sum(dim=1)))
@@ -250,9 +280,9 @@ class FMScorer(DeepFMScorer):
     """
 
     def __init__(self, n_numeric: int, vocab_sizes: Sequence[int] = (), n_outputs: int = 1,
-                 emb_dim: int = 16, base_rate: float | None = None):
+                 emb_dim: int = 16, base_rate: float | None = None, numeric_clip: float | None = None):
         super().__init__(n_numeric, vocab_sizes, n_outputs, emb_dim=emb_dim, hidden=(),
-                         base_rate=base_rate)
+                         base_rate=base_rate, numeric_clip=numeric_clip)
 
 
 class _CrossLayer(nn.Module):
@@ -295,6 +325,8 @@ class DCNv2Scorer(nn.Module):
         emb_dim: the largest embedding width (``6 V^(1/4)`` rule, capped).
         dropout: dropout after each hidden layer.
         base_rate: starting click rate.
+        numeric_clip: numeric inputs limited to ``[-numeric_clip, numeric_clip]`` (None: as they
+            are): the cross network is a polynomial of degree ``n_cross + 1`` in them.
 
     >>> DCNv2Scorer(2, [10], n_outputs=2, hidden=(8,))(torch.randn(4, 2), torch.ones(4, 1, dtype=torch.long)).shape
     torch.Size([4, 2])
@@ -305,8 +337,9 @@ class DCNv2Scorer(nn.Module):
     def __init__(self, n_numeric: int, vocab_sizes: Sequence[int] = (), n_outputs: int = 1,
                  n_cross: int = 3, low_rank: int | None = None, structure: str = "parallel",
                  hidden: Sequence[int] = (128, 64), emb_dim: int = 16, dropout: float = 0.0,
-                 base_rate: float | None = None):
+                 base_rate: float | None = None, numeric_clip: float | None = None):
         super().__init__()
+        self.numeric_clip = _check_clip(numeric_clip)
         if structure not in ("parallel", "stacked"):
             raise ValueError(f"structure must be 'parallel' or 'stacked', got {structure!r}")
         if n_cross < 0 or (low_rank is not None and low_rank < 1):
@@ -325,7 +358,7 @@ class DCNv2Scorer(nn.Module):
 
     def forward(self, num: torch.Tensor, cat: torch.Tensor,
                 request: torch.Tensor | None = None) -> torch.Tensor:
-        x0 = torch.cat([num, self.embeddings(cat)], dim=1)
+        x0 = torch.cat([clip_numeric(num, self.numeric_clip), self.embeddings(cat)], dim=1)
         x = x0
         for layer in self.cross:
             x = layer(x0, x)
@@ -367,6 +400,7 @@ class ListAwareScorer(nn.Module):
         length_bounds: list lengths that separate the blocks of the attention layout (``()``: one
             block padded to the longest list of the batch).
         base_rate: starting click rate.
+        numeric_clip: numeric inputs limited to ``[-numeric_clip, numeric_clip]`` (None: as they are).
 
     >>> s = ListAwareScorer(2, [5], d_model=8, n_heads=2, ffn_dim=8, hidden=())
     >>> s(torch.randn(5, 2), torch.ones(5, 1, dtype=torch.long), torch.tensor([0, 0, 0, 1, 1])).shape
@@ -378,8 +412,10 @@ class ListAwareScorer(nn.Module):
     def __init__(self, n_numeric: int, vocab_sizes: Sequence[int] = (), n_outputs: int = 1,
                  d_model: int = 32, n_heads: int = 2, n_layers: int = 2, ffn_dim: int = 64,
                  hidden: Sequence[int] = (128,), emb_dim: int = 16, dropout: float = 0.0,
-                 length_bounds: Sequence[int] = (8, 32, 128, 512), base_rate: float | None = None):
+                 length_bounds: Sequence[int] = (8, 32, 128, 512), base_rate: float | None = None,
+                 numeric_clip: float | None = None):
         super().__init__()
+        self.numeric_clip = _check_clip(numeric_clip)
         self.n_numeric = int(n_numeric)
         self.vocab_sizes = tuple(int(v) for v in vocab_sizes)
         self.n_outputs = n_outputs
@@ -402,7 +438,7 @@ class ListAwareScorer(nn.Module):
         if not exporting:
             check_request(request, num.shape[0], type(self).__name__)
         assert request is not None  # checked above; for TorchScript's type refinement
-        h = self.encoder(torch.cat([num, self.embeddings(cat)], dim=1))
+        h = self.encoder(torch.cat([clip_numeric(num, self.numeric_clip), self.embeddings(cat)], dim=1))
         if not exporting and num.shape[0] == 0:
             return self.head(self.norm(h))
         layout = list_layout(request, self.length_bounds, skip_empty=not exporting)
@@ -431,28 +467,6 @@ def column_tables(scorer: nn.Module) -> list[nn.ModuleList]:
     return [m for m in scorer.modules()
             if isinstance(m, nn.ModuleList) and len(m) == len(sizes)
             and all(isinstance(t, nn.Embedding) and t.num_embeddings == v for t, v in zip(m, sizes))]
-
-
-def embedding_penalty(scorer: nn.Module, cat: torch.Tensor) -> torch.Tensor:
-    """L2 of the embedding rows a batch uses: ``(1/B) Σ_i Σ_tables Σ_j ||T_j[cat[i, j]]||²``.
-
-    Each occurrence of a row counts (as factorization machines are usually trained, Rendle 2012):
-    a row is shrunk in proportion to how often it is used, and rows a batch does not touch are
-    left alone (unlike weight decay on the whole table, which shrinks rare ids every step).
-
-    >>> s = MLPScorer(0, [3], hidden=(), emb_dim=2)
-    >>> with torch.no_grad():
-    ...     _ = s.embeddings.tables[0].weight.fill_(1.0)
-    >>> embedding_penalty(s, torch.tensor([[1], [2]])).item()    # two rows of [1, 1]
-    2.0
-    """
-    total = cat.new_zeros((), dtype=torch.float32)
-    if cat.shape[0] == 0:
-        return total
-    for tables in column_tables(scorer):
-        for j, t in enumerate(tables):
-            total = total + t(cat[:, j]).float().pow(2).sum()
-    return total / cat.shape[0]
 
 
 def _click_head(scorer: nn.Module) -> nn.Linear | None:
