@@ -102,7 +102,7 @@ def test_metrics_json_reports_the_kept_checkpoint_epoch(tmp_path, compose_cfg):
     # a learning rate that overfits after the first epoch: the best epoch is not the last
     cfg = compose_cfg("config", f"paths.output_dir={tmp_path}", "data.source.n_users=300",
                       "trainer.max_epochs=3", "trainer.enable_progress_bar=false",
-                      "model.optimizer.lr=0.03", "callbacks.early_stopping.patience=5",
+                      "model.optimizer.lr=0.03", "model.embedding_l2=0", "callbacks.early_stopping.patience=5",
                       "intervals.n_boot=0")
     result = train(cfg)
     history = pl.read_csv(tmp_path / "logs" / "metrics.csv").filter(pl.col("val/logloss").is_not_null())
