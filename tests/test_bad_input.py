@@ -571,6 +571,7 @@ def test_open_bandit_pseudo_requests_load(real_data, monkeypatch, compose_cfg, t
 # ==============================================================================================
 @pytest.mark.parametrize("override", ["trainer.max_epoch=3", "model.loss.point_wieght=0.5",
                                       "data.budgte=100", "data.source.n_user=10", "seeed=1"])
+@pytest.mark.slow
 def test_config_typo_is_rejected_by_hydra_strict_mode(override, compose_cfg):
     key = override.split("=")[0]
     with pytest.raises(Exception, match=rf"Could not override '{re.escape(key)}'") as e:

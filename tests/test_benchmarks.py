@@ -300,6 +300,7 @@ def test_world_harness_splits_pcoc_by_items_unseen_in_training():
     assert unseen_rows(seen, pl.Series(["1", "2"]), pctr[:2], p_ref[:2])["pcoc_new"] is None
 
 
+@pytest.mark.slow
 def test_offsets_bench_recovers_known_offsets_and_its_floor_solves_the_click_equation():
     """benchmarks.offsets: the level shift solves sum sigmoid(logit + c) = clicks (checked against
     scipy's root finder); given the true relevance of a random-order log with many clicks, the
@@ -345,6 +346,7 @@ def test_offsets_bench_recovers_known_offsets_and_its_floor_solves_the_click_equ
         assert row["shipped"]["level_covered"]
 
 
+@pytest.mark.slow
 def test_offsets_ceiling_matches_a_brute_force_per_slot_estimator():
     """benchmarks.offsets' ceiling without a shape assumption against the estimator it describes,
     simulated: clicks drawn again and again for fixed rows, each slot's logit estimated from its

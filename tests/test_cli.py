@@ -127,6 +127,7 @@ def test_export_of_a_parquet_file_says_it_is_not_a_checkpoint(run_cli, parquet_f
     assert not (tmp_path / "outputs").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("prog", ["hybridrank-export", "hybridrank-eval"])
 def test_export_and_eval_name_missing_inputs(run_cli, tmp_path, prog):
     code, _, err = run_cli(prog)
@@ -196,6 +197,7 @@ def test_user_message_classifies():
     assert user_message(bug) is None
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("prog", ["hybridrank-train", "hybridrank-export", "hybridrank-eval"])
 def test_help_names_the_app(run_cli, prog):
     code, out, _ = run_cli(prog, "--help")

@@ -70,6 +70,7 @@ def data_overrides(name: str, sim_log: Path) -> list[str]:
     return [f"data={name}"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", options("data"))
 def test_data_options_build_their_datamodule(name, compose_cfg, sim_log, request):
     if name in REAL:
@@ -109,6 +110,7 @@ MODEL_LOSS = sorted({("mlp", loss) for loss in options("loss")}
                     | {(model, loss) for model in options("model") for loss in ("bce_softmax", "jrc")})
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("model", "loss"), MODEL_LOSS)
 def test_every_model_and_every_loss(model, loss, compose_cfg, sim_dm):
     cfg = compose_cfg("config", f"model={model}", f"loss={loss}", *SMALL)
@@ -125,6 +127,7 @@ def test_every_model_and_every_loss(model, loss, compose_cfg, sim_dm):
     assert torch.equal(again(batch.num, batch.cat, batch.request), m(batch.num, batch.cat, batch.request))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("opt", options("optimizer"))
 @pytest.mark.parametrize("sched", options("scheduler"))
 def test_optimizers_and_schedulers(opt, sched, compose_cfg, sim_dm):
@@ -198,6 +201,7 @@ def test_logger_options(name, compose_cfg, tmp_path):
         assert isinstance(hydra.utils.instantiate(cfg.logger), pl.loggers.Logger)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", options("calibrator"))
 @pytest.mark.parametrize("command", ["export", "eval"])
 def test_calibrator_options(name, command, compose_cfg):
@@ -206,6 +210,7 @@ def test_calibrator_options(name, command, compose_cfg):
     assert cfg.task_name == command
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", options("position_bias"))
 def test_position_bias_options(name, compose_cfg):
     # the tower refuses position as a feature: the simulator's position_feature switch goes with it

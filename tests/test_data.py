@@ -70,6 +70,7 @@ def test_mq2008_fold_files_and_reference_agree(real_data):
     assert df["qid"].to_list() == qids and df["comment"].to_list() == comments
 
 
+@pytest.mark.slow
 @pytest.mark.real_data
 def test_mslr_subset_crlf(real_data):
     path = real_data / "letor" / "MSLR_msn1_fold1_5k" / "msn1.fold1.train.5k.txt"

@@ -399,6 +399,7 @@ def test_a_reader_error_surfaces_with_its_message_and_no_thread_is_left():
     assert not prefetch_threads()
 
 
+@pytest.mark.slow
 def test_an_epoch_stopped_early_leaves_no_reader_thread():
     """The stream closed in the middle of a chunk, a read of the next in flight: the close waits
     for that read, and no prefetch thread is left; a failing read that nobody needs is dropped."""
@@ -420,6 +421,7 @@ def test_an_epoch_stopped_early_leaves_no_reader_thread():
     assert not prefetch_threads()
 
 
+@pytest.mark.slow
 def test_a_streamed_log_trains_with_prefetch_and_limit_train_batches(tmp_path):
     """The data module on a streamed log, Lightning stopping the epoch early: the same rows per
     step as without prefetch, and no reader thread left once fit returns."""

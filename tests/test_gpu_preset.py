@@ -75,6 +75,7 @@ def test_the_gpu_preset_sets_the_budget_and_the_scaled_lr(compose_cfg):
     (("model.optimizer.lr=0.01",), 65536, 0.01),  # an explicit lr replaces the rule
     (("batching=session",), 65536, 0.008),
 ])
+@pytest.mark.slow
 def test_the_gpu_preset_takes_overrides(compose_cfg, overrides, budget, lr):
     cfg = compose_cfg("config", "trainer=gpu", *overrides)
     assert cfg.data.budget == budget and cfg.model.optimizer.lr == pytest.approx(lr)

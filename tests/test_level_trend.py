@@ -212,6 +212,7 @@ def test_a_weekly_cycle_is_not_extrapolated(days, phase):
     assert trend.evidence["check"] == "weekly cycle" and trend.evidence["cycle_p"] < 1e-6
 
 
+@pytest.mark.slow
 def test_day_to_day_scatter_widens_the_slope_and_keeps_a_true_trend():
     """A trained model's errors vary from day to day (here a level of each day, sd 0.15, ~13x the
     binomial variance of a day's gap): without a trend, a plain weighted line fires on that scatter
@@ -395,3 +396,40 @@ def test_block_gaps_converge_on_extreme_logits():
         m = block == int(k)
         n, yk = float(m.sum()), float(y[m].sum())
         assert float(torch.sigmoid(z[m] + float(g)).sum()) == pytest.approx((yk + 0.5) * n / (n + 1), abs=1e-8)
+
+
+@pytest.mark.slow
+def test_training_time_trend_scores_a_spread_sample_of_a_large_log(compose_cfg, monkeypatch):
+    """Past ``max_rows`` training + validation impressions the training-time report scores every
+    k-th piece of whole requests, about ``max_rows`` rows spread over the whole log; below it,
+    every row, the same figures as the trend of all chunks."""
+    import itertools
+
+    from hybridrank.cli.train import build_datamodule, build_model, training_level_trend
+    from hybridrank.serving.level_trend import model_level_trend
+
+    cfg = compose_cfg("config", "paths.output_dir=unused", "data.source.n_users=400")
+    dm = build_datamodule(cfg)
+    model = build_model(cfg, dm).eval()
+    total = dm.split_rows["train"] + dm.split_rows["val"]
+    everything = itertools.chain(dm.eval_chunks("train", 1 << 20), dm.eval_chunks("val", 1 << 20))
+    assert training_level_trend(model, dm, max_rows=total) == model_level_trend(model, everything).to_dict()
+
+    scored, times = [], []
+    predict = type(model).predict_split
+
+    def counting(self, data, **kw):
+        scored.append(data.n_impressions)
+        times.append(data.time)
+        return predict(self, data, **kw)
+
+    monkeypatch.setattr(type(model), "predict_split", counting)
+    cap = total // 4
+    report = training_level_trend(model, dm, max_rows=cap, piece=500)
+    assert report["verdict"]
+    assert cap // 2 <= sum(scored) <= cap + 1000
+    assert all(n <= 500 for n in scored) and len(scored) >= 8
+    # spread over the log: the pieces' request times cover most of the training period's span
+    t_all = torch.cat([d.time for d in dm.eval_chunks("train", None)]).double()
+    t_seen = torch.cat([t for t in times if t is not None]).double()
+    assert (t_seen.max() - t_seen.min()) >= 0.8 * (t_all.max() - t_all.min())

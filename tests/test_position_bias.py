@@ -300,6 +300,7 @@ def test_offset_dropout_acts_only_where_the_effect_is_not_identified():
         assert ("replaced by their mean" in rep["identifiability"]["verdict"]) is confounded
 
 
+@pytest.mark.slow
 def test_offset_dropout_trains_end_to_end_and_is_reported(tmp_path, compose_cfg):
     """``position_bias.dropout`` through the command-line config: training runs, the offsets are
     estimated as without it (finite, falling with the slot), and the report says the share."""
@@ -589,6 +590,7 @@ def test_too_few_exploration_clicks_are_reported_as_unreliable():
     assert sum(rep["fit_clicks"]) < 0.05 * sum(rep["clicks"])
 
 
+@pytest.mark.slow
 def test_a_random_order_log_reads_the_same_marked_as_exploration_or_not():
     """Every request of a random-order log marked as exploration is the same data as the log
     unmarked: the same offsets and the same verdict (identified; unreliable where the reference

@@ -101,6 +101,7 @@ def test_metric_direction():
     (["hparams_search=fm", "optimized_metric=val/pcoc"], ["best at 1"]),
     (["-m", "model.optimizer.lrr=0.001,0.002"], ["'model.optimizer.lrr'", "did you mean model.optimizer.lr?"]),
 ])
+@pytest.mark.slow
 def test_bad_search_is_one_message(run_cli, tmp_path, args, needles):
     if "hparams_search" in " ".join(args):
         _plugin()
@@ -127,6 +128,7 @@ def test_unknown_key_in_a_search_config_file(run_cli, tmp_path):
     assert not (tmp_path / "multirun").exists()
 
 
+@pytest.mark.slow
 def test_missing_sweeper_plugin_names_the_install(run_cli, tmp_path, monkeypatch):
     """Without hydra-optuna-sweeper hydra cannot find hydra/sweeper/optuna (the config the plugin
     registers when hydra scans it): here that config is taken out of hydra's store, as if the

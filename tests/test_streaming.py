@@ -228,6 +228,7 @@ def test_request_split_inside_a_file_is_an_error(small_log, tmp_path):
         StreamingClickLogSource(tmp_path / "a.parquet", SIM_COLUMNS_MAP).layout()
 
 
+@pytest.mark.slow
 def test_request_continuing_into_the_next_file_is_one_request(small_log, tmp_path):
     """Logs are often cut into files by size: a request may continue from one file into the next."""
     df = small_log["df"]

@@ -118,6 +118,7 @@ def _sources(tmp_path):
     return whole, streamed
 
 
+@pytest.mark.slow
 def test_value_counts_count_requests_per_code_in_memory_and_streamed(tmp_path):
     whole, streamed = _sources(tmp_path)
     assert len(streamed.layout()) > 3
@@ -205,6 +206,7 @@ def test_draws_on_a_gpu_equal_those_on_the_cpu():
     assert gpu.device.type == "cuda" and torch.equal(gpu.cpu(), cpu)
 
 
+@pytest.mark.slow
 def test_scorer_presets_and_yaml_booleans(compose_cfg, tmp_path):
     """The presets of conf/model (on where measured to help, off where not) reach the model as
     strings; a bare YAML ``off`` / ``on`` (read as a boolean) means off / good_turing."""

@@ -382,16 +382,34 @@ def prepare_resume(trainer: pl.Trainer, ckpt_path: str) -> None:
                 f.unlink()
 
 
-def training_level_trend(model: HybridRanker, datamodule) -> dict[str, Any]:
+#: the training-time level trend scores at most about this many training + validation impressions
+LEVEL_TREND_ROWS = 1 << 20
+#: ... in pieces of whole requests of at most this many impressions, every k-th piece
+LEVEL_TREND_PIECE = 1 << 14
+
+
+def training_level_trend(model: HybridRanker, datamodule, max_rows: int = LEVEL_TREND_ROWS,
+                         piece: int = LEVEL_TREND_PIECE) -> dict[str, Any]:
     """The kept model's level trend over the training and validation rows, as ``hybridrank-export``
     tests it with its defaults (:func:`~hybridrank.serving.level_trend.model_level_trend`; the
-    export repeats the test with its own options and after any downsampling correction). Reported
-    here so that a drifting click level shows at training time."""
+    export repeats the test on every row, with its own options and after any downsampling
+    correction). Reported here so that a drifting click level shows at training time.
+
+    On logs of more than ``max_rows`` training + validation impressions it scores every k-th piece
+    of whole requests (pieces of at most ``piece`` impressions, spread evenly over the
+    splits' order, the choice blind to labels), about ``max_rows`` in all: a report, not a
+    correction, and scoring every row cost a large log as much as a training epoch."""
     import itertools
 
     from hybridrank.serving.level_trend import model_level_trend
 
+    rows = getattr(datamodule, "split_rows", None)
+    total = rows["train"] + rows["val"] if rows else 0
+    stride = max(1, -(-total // max_rows))
     chunks = itertools.chain(datamodule.eval_chunks("train", 1 << 20), datamodule.eval_chunks("val", 1 << 20))
+    if stride > 1:
+        pieces = (p for chunk in chunks for p in chunk.chunks(piece))
+        chunks = itertools.islice(pieces, 0, None, stride)
     return model_level_trend(model, chunks).to_dict()
 
 

@@ -154,6 +154,7 @@ class ListDataModule(pl.LightningDataModule):
         self._value_counts: dict[str, np.ndarray] | None = None
         #: the click levels of the periods (:mod:`hybridrank.data.period_levels`), set by model_data
         self.period_check: PeriodCheck | None = None
+        self.split_rows: dict[str, int] | None = None
         if splits is not None:  # fail now, not in the middle of the first epoch
             self.model_data()
 
@@ -189,6 +190,8 @@ class ListDataModule(pl.LightningDataModule):
             self.source.check_splits(SPLITS)
             self._check_periods()
             rows, pos = stats["train"]["rows"], stats["train"]["positives"]
+            #: impressions per split (None after a partial pass, ``fit_rows``)
+            self.split_rows = {s: int(stats[s]["rows"]) for s in SPLITS} if stats.get("complete", True) else None
             self._model_data = {
                 "schema": self.source.schema.to_dict(),
                 "base_rate": pos / rows if rows else None,
