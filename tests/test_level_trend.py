@@ -433,3 +433,38 @@ def test_training_time_trend_scores_a_spread_sample_of_a_large_log(compose_cfg, 
     t_all = torch.cat([d.time for d in dm.eval_chunks("train", None)]).double()
     t_seen = torch.cat([t for t in times if t is not None]).double()
     assert (t_seen.max() - t_seen.min()) >= 0.8 * (t_all.max() - t_all.min())
+
+
+@pytest.mark.slow
+def test_training_time_trend_reads_every_kth_chunk_of_a_log_in_many_chunks(compose_cfg):
+    """A log of many chunks (streamed): the sample is every k-th chunk whole, the other chunks are
+    not read; the trend is fitted on the rows of the chunks read."""
+    from types import SimpleNamespace
+
+    from hybridrank.cli.train import build_datamodule, build_model, training_level_trend
+    from hybridrank.serving.level_trend import model_level_trend
+
+    cfg = compose_cfg("config", "paths.output_dir=unused", "data.source.n_users=400")
+    dm = build_datamodule(cfg)
+    model = build_model(cfg, dm).eval()
+    whole = {s: next(dm.eval_chunks(s, None)) for s in ("train", "val")}
+    parts = {s: list(d.chunks(-(-d.n_impressions // 16))) for s, d in whole.items()}  # ~16 each
+    n = min(len(parts["train"]), len(parts["val"]))
+    assert n >= 12
+    reads = []
+
+    class ManyChunks:
+        def layout(self):
+            return list(range(n))
+
+        def read_chunk(self, c, split):
+            reads.append((c, split))
+            return parts[split][c]
+
+    total = sum(p.n_impressions for s in parts for p in parts[s][:n])
+    fake = SimpleNamespace(split_rows={"train": total, "val": 0}, source=ManyChunks())
+    report = training_level_trend(model, fake, max_rows=-(-total // 4))  # k = 4
+    assert sorted({c for c, _ in reads}) == list(range(0, n, 4))
+    assert {s for _, s in reads} == {"train", "val"}
+    expect = model_level_trend(model, (parts[s][c] for c in range(0, n, 4) for s in ("train", "val")))
+    assert report == expect.to_dict()

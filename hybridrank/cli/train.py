@@ -397,8 +397,9 @@ def training_level_trend(model: HybridRanker, datamodule, max_rows: int = LEVEL_
 
     On logs of more than ``max_rows`` training + validation impressions it scores every k-th piece
     of whole requests (pieces of at most ``piece`` impressions, spread evenly over the
-    splits' order, the choice blind to labels), about ``max_rows`` in all: a report, not a
-    correction, and scoring every row cost a large log as much as a training epoch."""
+    splits' order, the choice blind to labels), about ``max_rows`` in all; a log of at least
+    ``2k`` chunks (streamed) gives every k-th chunk whole instead, so the rest is not read again.
+    A report, not a correction: scoring every row cost a large log as much as a training epoch."""
     import itertools
 
     from hybridrank.serving.level_trend import model_level_trend
@@ -406,10 +407,18 @@ def training_level_trend(model: HybridRanker, datamodule, max_rows: int = LEVEL_
     rows = getattr(datamodule, "split_rows", None)
     total = rows["train"] + rows["val"] if rows else 0
     stride = max(1, -(-total // max_rows))
-    chunks = itertools.chain(datamodule.eval_chunks("train", 1 << 20), datamodule.eval_chunks("val", 1 << 20))
-    if stride > 1:
-        pieces = (p for chunk in chunks for p in chunk.chunks(piece))
-        chunks = itertools.islice(pieces, 0, None, stride)
+    source = getattr(datamodule, "source", None)
+    layout = source.layout() if stride > 1 and source is not None else []
+    if len(layout) >= 2 * stride:
+        # a log of many chunks (streamed): every k-th chunk whole, so that the others are not
+        # read from disk a second time
+        chunks = (d for c in layout[::stride] for split in ("train", "val")
+                  for d in [source.read_chunk(c, split)] if d is not None)
+    else:
+        chunks = itertools.chain(datamodule.eval_chunks("train", 1 << 20), datamodule.eval_chunks("val", 1 << 20))
+        if stride > 1:
+            pieces = (p for chunk in chunks for p in chunk.chunks(piece))
+            chunks = itertools.islice(pieces, 0, None, stride)
     return model_level_trend(model, chunks).to_dict()
 
 
