@@ -531,6 +531,46 @@ def test_random_logging_is_not_flagged():
     assert ident["identified"] is True and abs(ident["rank_correlation"]) < 0.05
 
 
+def test_a_large_epoch_diagnoses_every_kth_step_after_its_first_update():
+    """With more requests per epoch than ``diagnosis_requests``, the next epoch diagnoses the
+    batches of every k-th step only (k = requests // cap); the verdict equals the brute-force
+    correlation over exactly those batches, and the stride survives a checkpoint."""
+    from scipy.stats import spearmanr
+
+    seen, slot, y, is_x, _ = _sorted_log(seed=1, n_req=6000)
+    n_batches, per = 12, 500
+    tower = PositionBias(max_position=6, n_boot=0, diagnosis_requests=1000)
+
+    def epoch(t, first_step):
+        for b in range(n_batches):
+            rows = slice(b * per, (b + 1) * per)
+            s, r, yy = slot[rows], seen[rows], y[rows]
+            index = torch.arange(per * 6).reshape(per, 6)
+            t.accumulate(torch.from_numpy(s.reshape(-1) + 1), torch.from_numpy(r.reshape(-1)),
+                         torch.from_numpy(yy.reshape(-1)), request=torch.arange(per).repeat_interleave(6),
+                         step=first_step + b, lists=(index, torch.ones(per, 6, dtype=torch.bool)))
+        t.update()
+
+    epoch(tower, 0)
+    assert tower.report()["identifiability"]["requests_measured"] == 6000    # the first epoch: all
+    assert int(tower.diagnosis_stride) == 6                                   # 6000 // 1000
+    epoch(tower, 12)                                                          # steps 12..23: 12 and 18
+    ident = tower.report()["identifiability"]
+    assert ident["requests_measured"] == 2 * per
+    rows = np.r_[0:per, 6 * per:7 * per]
+    rho = [spearmanr(-slot[g], seen[g])[0] for g in rows]
+    assert ident["rank_correlation"] == pytest.approx(float(np.mean(rho)), abs=1e-9)
+    assert int(tower.diagnosis_stride) == 6                                   # 1000 diagnosed x 6
+    again = PositionBias(max_position=6, n_boot=0, diagnosis_requests=1000)
+    again.load_state_dict(tower.state_dict())
+    assert again._stride == 6
+    small = PositionBias(max_position=6, n_boot=0)                            # default cap 50,000
+    epoch(small, 0)
+    assert int(small.diagnosis_stride) == 1
+    with pytest.raises(ValueError, match="diagnosis_requests"):
+        PositionBias(diagnosis_requests=-1)
+
+
 @pytest.mark.slow
 def test_exploration_traffic_identifies_the_offsets():
     """Sorted logging with 15 % of requests shuffled: offsets from all the traffic absorb the
