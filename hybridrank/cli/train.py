@@ -139,16 +139,17 @@ def train(cfg: DictConfig, *, splits=None) -> dict[str, Any]:
     run_clock = next(c for c in trainer.callbacks if isinstance(c, RunClock))
     clock.update(fit=fit_seconds, training=run_clock.train_seconds, validation=run_clock.val_seconds)
     t_eval = time.perf_counter()
-    refit_position_bias(trainer, model, datamodule, best)
+    refitted = refit_position_bias(trainer, model, datamodule, best)
     if cfg.get("test_after_fit", True):
         if trainer.world_size > 1:
             # every rank reports streaming test metrics (rank 0's are replaced by the final
             # figures below); trainer.test restores the kept weights on every rank
             tested = trainer.test(model, datamodule=datamodule, ckpt_path=best, verbose=False)
             result["test"] = {k: float(v) for k, v in tested[0].items()}
-        elif best is not None:
+        elif best is not None and not refitted:
             # one process: the final figures below are the test figures; a trainer.test pass
-            # would score the test split a second time only to be replaced by them
+            # would score the test split a second time only to be replaced by them (after a
+            # refit the model already holds the kept weights and the refitted offsets)
             model.load_state_dict(checkpoint_state(best)["state_dict"])
         if trainer.is_global_zero:
             # the final figures and their intervals come from one set of per-request
