@@ -147,6 +147,28 @@ def test_hash_codes_equal_a_reference_use_of_stable_hash(values, buckets, block)
     assert stats["oov"] == {"c": sum(v is None for v in values)}
 
 
+@settings(max_examples=60)
+@given(vocab=st.lists(st.integers(0, 30).map(str), max_size=25), sort=st.booleans(),
+       values=st.lists(st.none() | st.integers(0, 35), max_size=60))
+def test_vocab_codes_by_search_and_by_join_equal_a_brute_force_lookup(vocab, sort, values):
+    """``VocabIndex.codes`` joins a chunk at least as long as the vocabulary and searches a
+    shorter one; either way a value gets 1 + the index of its first occurrence in the vocabulary,
+    0 if absent or missing (integer columns are looked up by their string)."""
+    from hybridrank.data.vocab import VocabIndex
+
+    vocab = sorted(vocab) if sort else vocab
+    index = VocabIndex(vocab)
+
+    def brute(vals):
+        return [vocab.index(str(v)) + 1 if v is not None and str(v) in vocab else 0 for v in vals]
+
+    series = pl.Series("c", values, dtype=pl.Int64)
+    short = series.head(max(len(vocab) - 1, 0))            # shorter than the vocabulary: the search
+    long = pl.concat([series] * (len(vocab) + 1))          # at least as long: the join
+    for part in (series, short, long):
+        assert index.codes(part).tolist() == brute(part.to_list())
+
+
 def test_an_int_and_its_string_hash_alike():
     assert hash_codes(pl.Series([7, None, 12345678901]), 1000).tolist() == \
         hash_codes(pl.Series(["7", None, "12345678901"]), 1000).tolist()
