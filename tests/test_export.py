@@ -315,16 +315,17 @@ def test_portable_models_reproduce_pctr(trained, tmp_path, cal):
 def test_downsampling_correction_in_export(trained, tmp_path, monkeypatch, mode, reweighted,
                                            applied):
     """A checkpoint that recorded keep rate w = 0.25: the correction shifts the logit by log w."""
-    import hybridrank.cli.export as cli
+    import hybridrank.serving.prepare as prep
+    from hybridrank.cli.export import export
 
     def fake_load(path):
         model = load_model(path)
         model.data_info.update(neg_keep_rate=0.25, reweight_negatives=reweighted)
         return model
 
-    monkeypatch.setattr(cli, "load_model", fake_load)
+    monkeypatch.setattr(prep, "load_model", fake_load)
     out = tmp_path / "s.parquet"
-    cli.export(export_cfg(trained, out, "calibrator=none", f"correction={mode}"))
+    export(export_cfg(trained, out, "calibrator=none", f"correction={mode}"))
     frame, meta = read_scores(out)
     assert meta["correction"]["mode"] == mode and meta["neg_keep_rate"] == 0.25
     assert meta["correction_applied"] is applied

@@ -349,7 +349,7 @@ def test_export_follows_the_trend_row_by_row(drifting_run, tmp_path):
 
 
 def test_bad_level_trend_options_are_errors():
-    from hybridrank.cli.export import fit_trend
+    from hybridrank.serving.prepare import fit_trend
 
     with pytest.raises(ValueError, match="level_trend.mode must be 'auto' or 'off', got 'of'"):
         fit_trend(None, {"mode": "of"}, 1000)
@@ -368,7 +368,7 @@ def test_shipped_configs_hold_the_code_defaults(compose_cfg, name):
 
     from omegaconf import OmegaConf
 
-    from hybridrank.cli.export import LEVEL_TREND_DEFAULTS
+    from hybridrank.serving.prepare import LEVEL_TREND_DEFAULTS
 
     cfg = compose_cfg(name, "checkpoint=x")
     assert OmegaConf.to_container(cfg.level_trend) == LEVEL_TREND_DEFAULTS
