@@ -49,9 +49,9 @@ LABELS = (
     # below, spelled so that a plain grep of the repository does not find them)
     re.compile(rf"\b(?:{_ORDINAL}|earlier|previous|prior|last|next|later)\s+(?:work(?:ing)?\s+)?"
                r"sessions?\b", re.IGNORECASE),
-    # a heading's "(2026-11-27, eighth ...)"
+    # a heading's "(<date>, <ordinal> ...)"
     re.compile(rf"\b\d{{4}}-\d{{2}}-\d{{2}},\s*{_ORDINAL}\b", re.IGNORECASE),
-    # "until 2026-11-27 it made ..." narrates what the code once did
+    # "until <date> it made ..." narrates what the code once did
     re.compile(r"\buntil\s+\d{4}-\d{2}-\d{2},?\s+(?:it|this|the code|hybridrank)\s+\w+",
                re.IGNORECASE),
 )
@@ -225,7 +225,7 @@ def test_the_label_grep_finds_labels_and_leaves_user_sessions_alone(tmp_path):
     labelled = _write(tmp_path, "a.py", "\n".join([
         "# measured in the ninth " + "session",
         "# (last " + "session's runs)",
-        "### Offsets (2026-11-28, twelfth sitting)",
+        "### Offsets (2026-11-28, " + "twelfth sitting)",
         "# a random-order log (until",
         "#: 2026-11-27 it made exploration traffic 'NOT identified')",
         "x = 1  # see the 3rd session",
@@ -267,7 +267,7 @@ def test_conventions_are_in_the_repository_and_cited():
 
 
 def test_no_labels_of_work_periods():
-    """Nothing names the team's own work periods (an ordinal before the word, "2026-11-28, tenth ...",
-    "until 2026-11-27 it made ..."): say what is, with a date where one helps."""
+    """Nothing names the team's own work periods (an ordinal before the word, "<date>, <ordinal> ...",
+    "until <date> it made ..."): say what is, with a date where one helps."""
     found = work_period_labels(scanned_files())
     assert not found, "labels of work periods:\n" + "\n".join(found)
