@@ -128,6 +128,10 @@ def measure(splits, device: str, precision: str, budget: int, scorer: str, loss:
         m.set_value_counts(dm.value_counts())  # unseen-value dropout, as a fit sets it up
         return m
 
+    # the plain loops run under the determinism setting the Lightning epoch runs with (the
+    # shipped trainer.deterministic: Trainer sets it process-wide, so without this the first
+    # row's plain loops would run without it and later rows' with it)
+    torch.use_deterministic_algorithms(bool(cfg.trainer.deterministic))
     # floor: every batch of an epoch built first, on the device
     model = fresh_model()
     batches = list(dm.train_stream(0))
