@@ -142,7 +142,7 @@ def floor(world, train: pl.DataFrame, test: pl.DataFrame) -> float:
     drift replaced by the training mean, its level fitted to the training clicks (``Σ σ(logit +
     c) = clicks`` over the training rows at their logged slots). Drift and the clicks' sampling
     noise together; a world whose floor lies outside [0.97, 1.03] leaves little room for the
-    [0.95, 1.05] band (``python -m benchmarks.offsets`` has the clicks' part alone)."""
+    [0.95, 1.05] band."""
     mean_drift = float(np.mean(world_drift(world, train)))
     z_train = logit(train["true_p"].to_numpy()) - world_drift(world, train) + mean_drift
     clicks = float((train[world.columns["label"]].to_numpy() > 0).sum())
