@@ -254,6 +254,81 @@ def test_world_harness_on_a_small_random_world(bench, tmp_path):
         assert lo - 1e-9 <= row["pcoc_ref"] <= hi + 1e-9, row
 
 
+@pytest.mark.slow
+def test_model_scoring_matches_the_export_and_pairs_requests(tmp_path):
+    """``--score model`` on one tiny random-order world: the kept checkpoint's excess at the logged
+    slots equals the one computed from ``hybridrank-export`` (no calibrator, no level trend) joined
+    to the truth by key, and its per-request sums add up to it; a second variant with the same
+    overrides trains the same model, so the paired table reads a ratio of 1 and no difference; the
+    reference FM keeps the grid setting of lower validation log loss; LightGBM has its row; the
+    unseen users' share is a count over the frames."""
+    import polars as pl
+
+    from benchmarks import worlds as W
+    from benchmarks.baselines import fit_reference_fm
+    from benchmarks.common import xent
+
+    grid = [{"l2": 1e-4, "lr": 1e-3}, {"l2": 1.0, "lr": 3e-3}]
+    same = (["loss=bce", "trainer.max_epochs=1"], False)
+    [result] = W.run_family("base", [4000], {"mlp": same, "mlp_again": same, W.LGBM: ([], False)}, size="tiny",
+                            pins={"logging": "random"}, score="model", grid=grid, work=tmp_path)
+    rows = {r["variant"]: r for r in result["rows"]}
+    assert set(rows) == {"mlp", "mlp_again", "lgbm", "reference FM"}
+    w = W.prepare_world(4000, tmp_path / "again", size="tiny", pins={"logging": "random"})
+    cols = w.world.columns
+    ckpt = next((tmp_path / "world4000" / "runs" / "mlp").rglob("*.ckpt"))
+    scores, _ = W.export_scores(str(ckpt), w.dir / "test.parquet", tmp_path / "s.parquet", "none",
+                                "level_trend.mode=off")
+    keys = w.test.select(pl.col(cols["request"]).alias("request_id"), pl.col(cols["item"]).alias("item_id"),
+                         "true_p")
+    joined = keys.join(scores, on=["request_id", "item_id"], how="left", maintain_order="left")
+    logged = joined["pctr_at_position" if "pctr_at_position" in joined.columns else "pctr"].to_numpy()
+    p_true = joined["true_p"].to_numpy()
+    excess = float(np.mean(xent(logged, p_true) - xent(p_true, p_true)))
+    mlp = rows["mlp"]
+    assert mlp["excess"] == pytest.approx(excess, rel=1e-4)
+    assert sum(mlp["req_excess"]) / mlp["n_test"] == pytest.approx(mlp["excess"], rel=1e-4)
+    assert len(mlp["req_excess"]) == w.offsets.size - 1 and mlp["n_test"] == w.test.height
+    new = ~w.test[cols["user"]].cast(pl.String).is_in(w.train[cols["user"]].cast(pl.String).unique())
+    assert mlp["new_user_share"] == pytest.approx(float(new.mean()))
+    assert "| mlp_again | 1 | 1.000 (1.000-1.000) | 0 / 0 | +0.0000 |" in W.paired_table([result])
+    ref_cols = {**cols, "numeric": [c for c in cols["numeric"] if c != cols["position"]]}
+    val_ll = [fit_reference_fm(w.train, w.val, ref_cols, **g).best_val_log_loss for g in grid]
+    assert rows["reference FM"]["setting"] == grid[int(np.argmin(val_ll))]
+    assert rows["reference FM"]["val_ll"] == pytest.approx(min(val_ll))
+    lgbm = rows["lgbm"]
+    assert lgbm["excess"] > 0 and lgbm["best_iteration"] >= 1 and lgbm["new_user_share"] == mlp["new_user_share"]
+    assert "| lgbm | 0/1 |" in W.against_table([result]) or "| lgbm | 1/1 |" in W.against_table([result])
+
+
+def test_comparison_tables_against_hand_counts():
+    """``against_table``: worlds within 1.02x of the reference's excess and within 0.005 of its
+    NDCG gap, the ratios' median and range; ``paired_table``: ``fm_old`` against ``fm`` with the
+    standard error of the per-request differences (``sd(d) sqrt(R) / N``), worse / better by 2 SE."""
+    from benchmarks.worlds import against_table, paired_table, tables
+
+    def world(seed, fm, old, ref):
+        return {"seed": seed, "spec": {"explore_share": 1.0, "mark_explore": False}, "rows": [
+            {"variant": "fm", "excess": fm[0], "ndcg_gap": fm[1], "req_excess": fm[2], "n_test": 8, "epochs": 3},
+            {"variant": "fm_old", "excess": old[0], "ndcg_gap": old[1], "req_excess": old[2], "n_test": 8,
+             "epochs": 5},
+            {"variant": "reference FM", "excess": ref[0], "ndcg_gap": ref[1]}]}
+
+    results = [world(1, (0.010, 0.10, [0.02, 0.02, 0.02, 0.02]), (0.011, 0.101, [0.04, 0.04, 0.04, 0.0]),
+                     (0.0100, 0.104)),
+               world(2, (0.020, 0.20, [0.04, 0.04, 0.04, 0.04]), (0.019, 0.190, [0.04, 0.04, 0.04, 0.03]),
+                     (0.0190, 0.200))]
+    table = against_table(results)
+    assert "| fm | 1/2 | 2/2 | 1.03 (1.00-1.05) |" in table          # 0.010 / 0.010, 0.020 / 0.019
+    assert "| fm_old | 1/2 | 2/2 | 1.05 (1.00-1.10) |" in table      # 0.011 / 0.010, 0.019 / 0.019
+    # world 1: d = [.02, .02, .02, -.02], 0.04 / 8 = 0.005 per impression, SE sd(d) * 2 / 8 = 0.005: < 2 SE;
+    # world 2: d = [0, 0, 0, -.01], mean -0.00125, SE 0.00125: not beyond 2 SE either
+    assert "| fm_old | 2 | 1.025 (0.950-1.100) | 0 / 0 | -0.0045 | 5.0 (3.0) |" in paired_table(results)
+    results[0]["rows"][1]["req_excess"] = [0.05, 0.05, 0.05, 0.05]  # d = 0.03 each: SE 0, worse
+    assert "| 1 / 0 |" in paired_table(results)
+    assert "## Against reference FM" in tables(results) and "## Paired over test requests" in tables(results)
+
+
 def test_slot_error_reads_offsets_as_an_auction_does():
     """The world harness's ``slot_err`` (brute-force loop as the reference), and the reason for
     it: a model that cannot tell two kinds of item apart (true logits -3 and 0, half each; it
