@@ -44,7 +44,7 @@ import polars as pl
 from benchmarks import common as C
 from benchmarks.baselines import fit_lightgbm, fit_reference_fm
 from benchmarks.common import RESULTS, logit, per_request_se, sigmoid, xent
-from benchmarks.grid import compose_config, load_splits, run_grid
+from benchmarks.grid import compose_config, kept_model, load_splits, run_grid
 
 #: name -> (hydra overrides, position as a feature?)
 VARIANTS: dict[str, tuple[list[str], bool]] = {
@@ -416,10 +416,8 @@ def model_row(w: PreparedWorld, name: str, run: Mapping[str, Any], splits, order
     (``splits``, ``order``: :func:`load_test_split`), at the logged slots (a tower's offsets
     added) and at the reference slot, no calibrator or level trend: :func:`truth_figures` with
     ``per_request``, ``val_ll`` and :func:`_training`."""
-    from hybridrank.models.ranker import HybridRanker
-
     result = run["result"]
-    model = HybridRanker.load_from_checkpoint(result["best_checkpoint"], map_location="cpu", weights_only=True)
+    model = kept_model(result)
     tower = model.position_bias is not None
     logged = sigmoid(model.predict_split(splits.test, at_logged_position=tower)[0].double().numpy())[order]
     ref = sigmoid(model.predict_split(splits.test)[0].double().numpy())[order]
