@@ -160,18 +160,14 @@ def lgbm_arrays(data) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[int]]:
 def fit_lightgbm(objective: str, splits, params: Mapping[str, Any] = LGBM_PARAMS, *, max_rounds: int = 2000,
                  patience: int = 50) -> dict[str, Any]:
     """LightGBM ``binary`` (on label > 0, early stopping on the val log loss) or ``lambdarank``
-    (graded labels, early stopping on the val NDCG@10). ``params`` may hold ``categorical=False``:
-    the id codes are then plain numeric columns.
+    (graded labels, early stopping on the val NDCG@10).
 
     Returns ``{"fit_seconds"`` (Dataset construction + boosting with early stopping),
     ``"best_iteration", "z_val", "z_test"}``: raw scores, the logit for ``binary``.
     """
     import lightgbm as lgb
 
-    params = dict(params)
-    categorical = params.pop("categorical", True)
     x_tr, y_tr, g_tr, cats = lgbm_arrays(splits.train)
-    cats = cats if categorical else []
     x_va, y_va, g_va, _ = lgbm_arrays(splits.val)
     t0 = time.perf_counter()
     if objective == "lambdarank":
