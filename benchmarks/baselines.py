@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import copy
 import math
+import tempfile
 import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
@@ -159,18 +160,14 @@ def lgbm_arrays(data) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[int]]:
 def fit_lightgbm(objective: str, splits, params: Mapping[str, Any] = LGBM_PARAMS, *, max_rounds: int = 2000,
                  patience: int = 50) -> dict[str, Any]:
     """LightGBM ``binary`` (on label > 0, early stopping on the val log loss) or ``lambdarank``
-    (graded labels, early stopping on the val NDCG@10). ``params`` may hold ``categorical=False``:
-    the id codes are then plain numeric columns.
+    (graded labels, early stopping on the val NDCG@10).
 
     Returns ``{"fit_seconds"`` (Dataset construction + boosting with early stopping),
     ``"best_iteration", "z_val", "z_test"}``: raw scores, the logit for ``binary``.
     """
     import lightgbm as lgb
 
-    params = dict(params)
-    categorical = params.pop("categorical", True)
     x_tr, y_tr, g_tr, cats = lgbm_arrays(splits.train)
-    cats = cats if categorical else []
     x_va, y_va, g_va, _ = lgbm_arrays(splits.val)
     t0 = time.perf_counter()
     if objective == "lambdarank":
@@ -199,12 +196,42 @@ def fit_lightgbm(objective: str, splits, params: Mapping[str, Any] = LGBM_PARAMS
 def fit_model(model: str, splits, overrides: list[str], *, quick: bool = False) -> dict[str, Any]:
     """One row of a real-data table: LightGBM (``lgbm_binary`` / ``lgbm_lambdarank``, 100 rounds
     with ``quick``) or hybridrank trained on ``splits`` with ``overrides``
-    (:func:`benchmarks.grid.train_hybrid`). ``{"z_val", "z_test", "fit_seconds", "info"}``."""
+    (:func:`benchmarks.grid.train_run`), scored by its kept checkpoint. ``{"z_val", "z_test",
+    "fit_seconds", "info"}``; ``fit_seconds`` is the fit alone (hybridrank: ``trainer.fit`` with
+    its per-epoch validation, not the load)."""
     if model.startswith("lgbm_"):
         r = fit_lightgbm(model.removeprefix("lgbm_"), splits, max_rounds=100 if quick else 2000)
         return {**r, "info": {"best_iteration": r["best_iteration"]}}
-    from benchmarks.grid import train_hybrid
+    from benchmarks.grid import kept_model, train_run
 
-    run = train_hybrid(overrides, splits=splits)
-    return {"z_val": run.z_val, "z_test": run.z_test, "fit_seconds": run.result["fit_seconds"],
-            "result": run.result, "info": {"best_epoch": run.result.get("val_epoch")}}
+    with tempfile.TemporaryDirectory(prefix="hybridrank-bench-") as tmp:
+        result = train_run(overrides, tmp, splits=splits)
+        ranker = kept_model(result)
+    return {"z_val": ranker.predict_split(splits.val)[0], "z_test": ranker.predict_split(splits.test)[0],
+            "fit_seconds": result["fit_seconds"], "result": result, "info": {"best_epoch": result.get("val_epoch")}}
+
+
+def fit_rows(tag: str, splits, rows: Mapping[str, list[str]], *, quick: bool = False) -> dict[str, dict[str, Any]]:
+    """Every row of a real-data table on one loaded split: ``{name: overrides}``, the name's part
+    before ``|`` the model of :func:`fit_model`. ``{name: fit_model's result with "seconds" (wall),
+    "val" (metrics, ``empty="skip"``) and "test" (``{empty: metrics}``, :func:`benchmarks.common.evaluate`)}``;
+    a row that fails is printed and stands as ``{"error": message}``."""
+    from benchmarks.common import evaluate
+
+    out: dict[str, dict[str, Any]] = {}
+    for name, overrides in rows.items():
+        t0 = time.perf_counter()
+        try:
+            r = fit_model(name.partition("|")[0], splits, overrides, quick=quick)
+        except Exception as e:  # one failing row must not cost the table
+            print(f"  [{tag}] {name}: FAILED {type(e).__name__}: {e}", flush=True)
+            out[name] = {"error": f"{type(e).__name__}: {e}"}
+            continue
+        r.update(seconds=time.perf_counter() - t0, test=evaluate(splits.test, r["z_test"].float()),
+                 val=evaluate(splits.val, r["z_val"].float(), empties=("skip",))["skip"])
+        s = r["test"]["skip"]
+        print(f"  [{tag}] {name:<26} test ndcg@10 {s.get('ndcg@10', math.nan):.4f} logloss {s['logloss']:.4f} "
+              f"ece {s['ece']:.4f} | val ndcg@10 {r['val'].get('ndcg@10', math.nan):.4f} | "
+              f"fit {r['fit_seconds']:.1f} s, wall {r['seconds']:.0f} s", flush=True)
+        out[name] = r
+    return out

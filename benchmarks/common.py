@@ -5,7 +5,6 @@
   (:func:`evaluate`, :func:`split_stats`: the package's own metric code, so every row of a table,
   LightGBM's included, is scored by one code path);
 - figures against a known truth: :func:`xent` (the clipped log loss), :func:`per_request_se`;
-- the options of the benchmarks over random worlds (:func:`world_parser`, :func:`world_pins`);
 - formatting, JSON results, and rewriting marked sections of docs/BENCHMARKS.md only when asked
   (``--write-docs``) and only after a complete run.
 """
@@ -91,38 +90,6 @@ def parse_pin(text: str) -> tuple[str, Any]:
 def parser(module: str, doc: str) -> argparse.ArgumentParser:
     """The argument parser of ``python -m <module>``, described by its docstring's first line."""
     return argparse.ArgumentParser(prog=f"python -m {module}", description=doc.splitlines()[0])
-
-
-def world_parser(module: str, doc: str, *, worlds: int, seed0: int, out: Path | None = None,
-                 explore: bool = False) -> argparse.ArgumentParser:
-    """:func:`parser` with the options of a benchmark over random worlds: ``--worlds`` seeds from
-    ``--seed0`` of size ``--size``, world fields pinned (``--impressions``, ``--pin``), ``--out``
-    (JSON), and with ``explore`` the confounded-logging family (``--explore-shares``)."""
-    ap = parser(module, doc)
-    ap.add_argument("--worlds", type=int, default=worlds)
-    ap.add_argument("--seed0", type=int, default=seed0)
-    ap.add_argument("--size", default="small", choices=("tiny", "small"))
-    ap.add_argument("--impressions", type=int, default=None, help="pin n_impressions")
-    ap.add_argument("--pin", nargs="*", default=[], metavar="FIELD=VALUE",
-                    help="pin world fields (draw_world keywords), e.g. logging=random")
-    ap.add_argument("--out", type=Path, default=out, help="write the results here (JSON)")
-    if explore:
-        ap.add_argument("--explore-shares", type=lambda t: [float(x) for x in t.split(",")], default=None,
-                        help="worlds sorted by a noisy relevance estimate, each with the next of these shares "
-                             "of exploration requests (e.g. 0.05,0.1), marked in a column")
-    return ap
-
-
-def world_pins(args: argparse.Namespace) -> dict[str, Any]:
-    """The world fields ``--impressions`` and ``--pin`` fix."""
-    pins: dict[str, Any] = {} if args.impressions is None else {"n_impressions": args.impressions}
-    return {**pins, **dict(parse_pin(p) for p in args.pin)}
-
-
-def explore_pins(shares: Sequence[float] | None, i: int) -> dict[str, Any]:
-    """World ``i`` of the confounded-logging family: sorted by a noisy relevance estimate, with the
-    next of ``shares`` of its requests shown in random order and marked ({} without shares)."""
-    return {"logging": "sorted", "explore_share": shares[i % len(shares)], "mark_explore": True} if shares else {}
 
 
 def write_json(path: str | Path, obj: Any, default: Any = str) -> None:

@@ -2,8 +2,8 @@
 
 Every benchmark trains hybridrank here, with :func:`hybridrank.cli.train.train` (what
 ``hybridrank-train`` runs) on a config composed in-process: :func:`train_run` (one run; its result
-is what ``metrics.json`` holds), :func:`train_hybrid` (also the kept checkpoint's logits) and
-:func:`run_grid` (named override sets x seeds). :func:`grid_table` sets the runs side by side, mean
+is what ``metrics.json`` holds; :func:`kept_model` loads its kept checkpoint) and :func:`run_grid`
+(named override sets x seeds). :func:`grid_table` sets the runs side by side, mean
 ± std over seeds, with ``train``'s reference rows (the oracle where the truth is known, the base rate).
 
     python -m benchmarks.grid --set request=data.scope=request --set session=data.scope=session \\
@@ -21,9 +21,7 @@ import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, NamedTuple
-
-import torch
+from typing import Any
 
 from benchmarks import common as C
 
@@ -59,29 +57,14 @@ def train_run(overrides: Sequence[str], out_dir: str | Path, *, splits=None) -> 
     return train(compose_config([f"paths.output_dir={out_dir}", *QUIET_RUN, *overrides]), splits=splits)
 
 
-class HybridRun(NamedTuple):
-    """:func:`train_hybrid`'s result: ``train``'s result dict, the kept checkpoint's ``[N]`` pCTR
-    logits on val and test (storage order), and its ``HybridRanker``."""
-
-    result: dict[str, Any]
-    z_val: torch.Tensor
-    z_test: torch.Tensor
-    model: Any
-
-
-def train_hybrid(overrides: Sequence[str], splits) -> HybridRun:
-    """:func:`train_run` on already loaded ``splits`` in a temporary folder, then the kept checkpoint's
-    pCTR logits on val and test (``HybridRanker.predict_split``), for scoring under any convention.
-    ``result["fit_seconds"]`` is ``trainer.fit`` (its per-epoch validation included), not the load."""
+def kept_model(result: Mapping[str, Any]):
+    """The kept checkpoint of a :func:`train_run` result as a ``HybridRanker`` on the CPU, in eval
+    mode (``predict_split`` scores a split with it under any convention)."""
     from hybridrank.models.ranker import HybridRanker
 
-    with tempfile.TemporaryDirectory(prefix="hybridrank-bench-") as tmp:
-        result = train_run(overrides, tmp, splits=splits)
-        if not result.get("best_checkpoint"):
-            raise RuntimeError("train() kept no checkpoint; the benchmark needs callbacks=default")
-        model = HybridRanker.load_from_checkpoint(result["best_checkpoint"], map_location="cpu",
-                                                  weights_only=True).eval()
-    return HybridRun(result, model.predict_split(splits.val)[0], model.predict_split(splits.test)[0], model)
+    if not result.get("best_checkpoint"):
+        raise RuntimeError("train() kept no checkpoint; the benchmark needs callbacks=default")
+    return HybridRanker.load_from_checkpoint(result["best_checkpoint"], map_location="cpu", weights_only=True).eval()
 
 
 def run_grid(sets: Mapping[str, Sequence[str]], seeds: Sequence[int] | None = (0,), *,

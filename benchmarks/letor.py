@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 from benchmarks import common as C
-from benchmarks.baselines import fit_model, require_lightgbm
+from benchmarks.baselines import fit_rows, require_lightgbm
 from benchmarks.grid import load_splits
 
 LGBM_MODELS = ("lgbm_lambdarank", "lgbm_binary")
@@ -42,32 +42,14 @@ CAL_KEYS = ("logloss", "ece", "pcoc")
 
 def run_setting(tag: str, data_overrides: list[str], models: list[str], extra: list[str],
                 quick: bool = False) -> dict[str, dict]:
-    """Train every model on one fold; ``{model: {"test": {empty: metrics}, "val": metrics, ...}}``."""
-    out: dict[str, dict] = {}
+    """Train every model on one fold; ``{model: {"test": {empty: metrics}, "val": metrics, ...}}``
+    (``{"error": ...}`` for a model that failed)."""
     splits = load_splits(["experiment=letor", *data_overrides])  # one load for every model
-    for name in models:
-        t0 = time.perf_counter()
-        overrides = ["experiment=letor", *data_overrides, f"loss={name}",
-                     *(["trainer.max_epochs=2"] if quick else []), *extra]
-        try:
-            r = fit_model(name, splits, overrides, quick=quick)
-        except Exception as e:  # one broken loss must not cost the rest of the table
-            print(f"  [{tag}] {name}: FAILED: {type(e).__name__}: {e}", flush=True)
-            out[name] = {"error": f"{type(e).__name__}: {e}"}
-            continue
-        seconds = time.perf_counter() - t0
-        lgbm = name in LGBM_MODELS
-        z_val, z_test = (r["z_val"].float(), r["z_test"].float()) if lgbm else (r["z_val"], r["z_test"])
-        info = r["info"] if lgbm else {"best_checkpoint": Path(r["result"]["best_checkpoint"]).name,
-                                       "train_seconds": r["result"].get("seconds")}
-        test = C.evaluate(splits.test, z_test)
-        val = C.evaluate(splits.val, z_val, empties=("skip",))["skip"]
-        out[name] = {"test": test, "val": val, "seconds": seconds, **info}
-        s = test["skip"]
-        print(f"  [{tag}] {name:<22} test ndcg@10 {s['ndcg@10']:.4f}  logloss {s['logloss']:.4f}"
-              f"  ece {s['ece']:.4f}  pcoc {s.get('pcoc', float('nan')):.3f}"
-              f"  (val ndcg@10 {val['ndcg@10']:.4f}, {seconds:.1f} s)", flush=True)
-    return out
+    fits = fit_rows(tag, splits, {m: ["experiment=letor", *data_overrides, f"loss={m}",
+                                      *(["trainer.max_epochs=2"] if quick else []), *extra] for m in models},
+                    quick=quick)
+    return {m: r if "error" in r else {"test": r["test"], "val": r["val"], "seconds": r["seconds"], **r["info"]}
+            for m, r in fits.items()}
 
 
 def main_tables(folds: dict[int, dict], models: list[str]) -> tuple[str, dict]:

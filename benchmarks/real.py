@@ -39,7 +39,7 @@ from types import SimpleNamespace  # noqa: E402
 import torch  # noqa: E402
 
 from benchmarks import common as C  # noqa: E402
-from benchmarks.baselines import LGBM_PARAMS, fit_model, require_lightgbm  # noqa: E402
+from benchmarks.baselines import LGBM_PARAMS, fit_rows, require_lightgbm  # noqa: E402
 from benchmarks.grid import load_splits  # noqa: E402
 
 HYBRID = ("mlp", "fm", "deepfm", "dcnv2", "list_aware")
@@ -66,26 +66,18 @@ def scorer_overrides(model: str, dataset: str, quick: bool) -> list[str]:
 
 
 def run_setting(dataset: str, data_ov: list[str], runs: list[tuple[str, str | None]], quick: bool) -> dict:
+    """Every row of ``runs`` (model, loss) on one split: its test logits, fit seconds and
+    validation figures, and the rows that ``failed``."""
     splits = load_splits(data_ov)
-    out = {"logits": {}, "fit_seconds": {}, "info": {}, "test": splits.test, "failed": []}
-    for model, loss in runs:
-        name = f"{model}|{loss}" if loss else model
-        t = time.perf_counter()
-        try:
-            r = fit_model(model, splits, [*scorer_overrides(model, dataset, quick), *data_ov[1:], f"loss={loss}"],
-                          quick=quick)
-        except Exception as e:  # one failing row must not cost the table
-            print(f"  [{dataset}] {name}: FAILED {type(e).__name__}: {e}", flush=True)
-            out["failed"].append(name)
-            continue
-        val = C.evaluate(splits.val, r["z_val"].float(), empties=("skip",))["skip"]
-        info = {**r["info"], "val_logloss": val.get("logloss"), "val_ndcg@10": val.get("ndcg@10")}
-        out["logits"][name], out["fit_seconds"][name], out["info"][name] = r["z_test"].double(), r["fit_seconds"], info
-        te = C.evaluate(splits.test, r["z_test"].float(), empties=("skip",))["skip"]
-        print(f"  [{dataset}] {name:<26} test ndcg@10 {te.get('ndcg@10', float('nan')):.4f} "
-              f"logloss {te['logloss']:.4f} | fit {r['fit_seconds']:.1f} s | wall {time.perf_counter() - t:.0f} s",
-              flush=True)
-    return out
+    fits = fit_rows(dataset, splits, {
+        f"{model}|{loss}" if loss else model: [*scorer_overrides(model, dataset, quick), *data_ov[1:], f"loss={loss}"]
+        for model, loss in runs}, quick=quick)
+    done = {n: r for n, r in fits.items() if "error" not in r}
+    return {"test": splits.test, "failed": [n for n in fits if n not in done],
+            "logits": {n: r["z_test"].double() for n, r in done.items()},
+            "fit_seconds": {n: r["fit_seconds"] for n, r in done.items()},
+            "info": {n: {**r["info"], "val_logloss": r["val"].get("logloss"), "val_ndcg@10": r["val"].get("ndcg@10")}
+                     for n, r in done.items()}}
 
 
 def _f(iv, d=4) -> str:

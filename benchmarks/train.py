@@ -32,9 +32,10 @@ from dataclasses import dataclass
 
 import pytorch_lightning as pl
 import torch
-from hydra import compose, initialize_config_module
 
-from hybridrank.cli.train import CONF_MODULE, build_model
+from benchmarks import common as C
+from benchmarks.grid import compose_config
+from hybridrank.cli.train import build_model
 from hybridrank.data.datamodule import ListDataModule
 from hybridrank.data.sources import SimulatedSource
 
@@ -115,9 +116,8 @@ def _steps(model, batches, device: str, precision: str) -> tuple[float, int]:
 
 def measure(splits, device: str, precision: str, budget: int, scorer: str, loss: str,
             warmup: int) -> Row:
-    with initialize_config_module(CONF_MODULE, version_base="1.3"):
-        cfg = compose("config", overrides=[f"model={scorer}", f"loss={loss}", "position_bias=none",
-                                           "paths.output_dir=.", f"data.budget={budget}"])
+    cfg = compose_config([f"model={scorer}", f"loss={loss}", "position_bias=none", "paths.output_dir=.",
+                          f"data.budget={budget}"])
     dm = ListDataModule(splits=splits, budget=budget, max_unit_size=min(512, budget),
                         device=device, device_batches=device != "cpu")
     cuda = device == "cuda"
@@ -160,7 +160,7 @@ def measure(splits, device: str, precision: str, budget: int, scorer: str, loss:
 
 
 def parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python -m benchmarks.train", description=__doc__.splitlines()[0])
+    ap = C.parser("benchmarks.train", __doc__)
     ap.add_argument("--users", type=int, default=9200, help="simulated users (9,200 ~ 1M impressions)")
     ap.add_argument("--devices", default="cpu", help="comma-separated: cpu, cuda")
     ap.add_argument("--precisions", default="32-true", help="comma-separated Lightning precisions")

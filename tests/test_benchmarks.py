@@ -1,7 +1,7 @@
 """The benchmark suite (benchmarks/): docs/BENCHMARKS.md is rewritten only when asked and only from
 complete runs; a missing optional dependency is an error; every hybridrank training goes through
-``train(cfg)`` (benchmarks.grid); the grid runner, the world harness, the baselines and the
-truth-given benches against independent references; every benchmark has a documented command."""
+``train(cfg)`` (benchmarks.grid); the grid runner, the world harness and the baselines against
+independent references; every benchmark has a documented command."""
 
 from __future__ import annotations
 
@@ -254,6 +254,81 @@ def test_world_harness_on_a_small_random_world(bench, tmp_path):
         assert lo - 1e-9 <= row["pcoc_ref"] <= hi + 1e-9, row
 
 
+@pytest.mark.slow
+def test_model_scoring_matches_the_export_and_pairs_requests(tmp_path):
+    """``--score model`` on one tiny random-order world: the kept checkpoint's excess at the logged
+    slots equals the one computed from ``hybridrank-export`` (no calibrator, no level trend) joined
+    to the truth by key, and its per-request sums add up to it; a second variant with the same
+    overrides trains the same model, so the paired table reads a ratio of 1 and no difference; the
+    reference FM keeps the grid setting of lower validation log loss; LightGBM has its row; the
+    unseen users' share is a count over the frames."""
+    import polars as pl
+
+    from benchmarks import worlds as W
+    from benchmarks.baselines import fit_reference_fm
+    from benchmarks.common import xent
+
+    grid = [{"l2": 1e-4, "lr": 1e-3}, {"l2": 1.0, "lr": 3e-3}]
+    same = (["loss=bce", "trainer.max_epochs=1"], False)
+    [result] = W.run_family("base", [4000], {"mlp": same, "mlp_again": same, W.LGBM: ([], False)}, size="tiny",
+                            pins={"logging": "random"}, score="model", grid=grid, work=tmp_path)
+    rows = {r["variant"]: r for r in result["rows"]}
+    assert set(rows) == {"mlp", "mlp_again", "lgbm", "reference FM"}
+    w = W.prepare_world(4000, tmp_path / "again", size="tiny", pins={"logging": "random"})
+    cols = w.world.columns
+    ckpt = next((tmp_path / "world4000" / "runs" / "mlp").rglob("*.ckpt"))
+    scores, _ = W.export_scores(str(ckpt), w.dir / "test.parquet", tmp_path / "s.parquet", "none",
+                                "level_trend.mode=off")
+    keys = w.test.select(pl.col(cols["request"]).alias("request_id"), pl.col(cols["item"]).alias("item_id"),
+                         "true_p")
+    joined = keys.join(scores, on=["request_id", "item_id"], how="left", maintain_order="left")
+    logged = joined["pctr_at_position" if "pctr_at_position" in joined.columns else "pctr"].to_numpy()
+    p_true = joined["true_p"].to_numpy()
+    excess = float(np.mean(xent(logged, p_true) - xent(p_true, p_true)))
+    mlp = rows["mlp"]
+    assert mlp["excess"] == pytest.approx(excess, rel=1e-4)
+    assert sum(mlp["req_excess"]) / mlp["n_test"] == pytest.approx(mlp["excess"], rel=1e-4)
+    assert len(mlp["req_excess"]) == w.offsets.size - 1 and mlp["n_test"] == w.test.height
+    new = ~w.test[cols["user"]].cast(pl.String).is_in(w.train[cols["user"]].cast(pl.String).unique())
+    assert mlp["new_user_share"] == pytest.approx(float(new.mean()))
+    assert "| mlp_again | 1 | 1.000 (1.000-1.000) | 0 / 0 | +0.0000 |" in W.paired_table([result])
+    ref_cols = {**cols, "numeric": [c for c in cols["numeric"] if c != cols["position"]]}
+    val_ll = [fit_reference_fm(w.train, w.val, ref_cols, **g).best_val_log_loss for g in grid]
+    assert rows["reference FM"]["setting"] == grid[int(np.argmin(val_ll))]
+    assert rows["reference FM"]["val_ll"] == pytest.approx(min(val_ll))
+    lgbm = rows["lgbm"]
+    assert lgbm["excess"] > 0 and lgbm["best_iteration"] >= 1 and lgbm["new_user_share"] == mlp["new_user_share"]
+    assert "| lgbm | 0/1 |" in W.against_table([result]) or "| lgbm | 1/1 |" in W.against_table([result])
+
+
+def test_comparison_tables_against_hand_counts():
+    """``against_table``: worlds within 1.02x of the reference's excess and within 0.005 of its
+    NDCG gap, the ratios' median and range; ``paired_table``: ``fm_old`` against ``fm`` with the
+    standard error of the per-request differences (``sd(d) sqrt(R) / N``), worse / better by 2 SE."""
+    from benchmarks.worlds import against_table, paired_table, tables
+
+    def world(seed, fm, old, ref):
+        return {"seed": seed, "spec": {"explore_share": 1.0, "mark_explore": False}, "rows": [
+            {"variant": "fm", "excess": fm[0], "ndcg_gap": fm[1], "req_excess": fm[2], "n_test": 8, "epochs": 3},
+            {"variant": "fm_old", "excess": old[0], "ndcg_gap": old[1], "req_excess": old[2], "n_test": 8,
+             "epochs": 5},
+            {"variant": "reference FM", "excess": ref[0], "ndcg_gap": ref[1]}]}
+
+    results = [world(1, (0.010, 0.10, [0.02, 0.02, 0.02, 0.02]), (0.011, 0.101, [0.04, 0.04, 0.04, 0.0]),
+                     (0.0100, 0.104)),
+               world(2, (0.020, 0.20, [0.04, 0.04, 0.04, 0.04]), (0.019, 0.190, [0.04, 0.04, 0.04, 0.03]),
+                     (0.0190, 0.200))]
+    table = against_table(results)
+    assert "| fm | 1/2 | 2/2 | 1.03 (1.00-1.05) |" in table          # 0.010 / 0.010, 0.020 / 0.019
+    assert "| fm_old | 1/2 | 2/2 | 1.05 (1.00-1.10) |" in table      # 0.011 / 0.010, 0.019 / 0.019
+    # world 1: d = [.02, .02, .02, -.02], 0.04 / 8 = 0.005 per impression, SE sd(d) * 2 / 8 = 0.005: < 2 SE;
+    # world 2: d = [0, 0, 0, -.01], mean -0.00125, SE 0.00125: not beyond 2 SE either
+    assert "| fm_old | 2 | 1.025 (0.950-1.100) | 0 / 0 | -0.0045 | 5.0 (3.0) |" in paired_table(results)
+    results[0]["rows"][1]["req_excess"] = [0.05, 0.05, 0.05, 0.05]  # d = 0.03 each: SE 0, worse
+    assert "| 1 / 0 |" in paired_table(results)
+    assert "## Against reference FM" in tables(results) and "## Paired over test requests" in tables(results)
+
+
 def test_slot_error_reads_offsets_as_an_auction_does():
     """The world harness's ``slot_err`` (brute-force loop as the reference), and the reason for
     it: a model that cannot tell two kinds of item apart (true logits -3 and 0, half each; it
@@ -300,112 +375,30 @@ def test_world_harness_splits_pcoc_by_items_unseen_in_training():
     assert unseen_rows(seen, pl.Series(["1", "2"]), pctr[:2], p_ref[:2])["pcoc_new"] is None
 
 
-@pytest.mark.slow
-def test_offsets_bench_recovers_known_offsets_and_its_floor_solves_the_click_equation():
-    """benchmarks.offsets: the level shift solves sum sigmoid(logit + c) = clicks (checked against
-    scipy's root finder); given the true relevance of a random-order log with many clicks, the
-    shipped tower recovers the offsets and the level; a tiny world's row has every estimator."""
+def test_level_shift_and_floor_against_a_root_finder():
+    """``level_shift`` solves ``sum sigmoid(z + c) = clicks`` (scipy's root finder as the
+    reference); the world harness's ``floor`` on a drift-free world is the truth at slot 1 shifted
+    by the level that matches the training clicks, and its drift floor is 1."""
     from scipy.optimize import brentq
 
-    from benchmarks import offsets as BO
     from benchmarks import worlds as W
-    from benchmarks.common import sigmoid
+    from benchmarks.common import logit, sigmoid
     from hybridrank.data.worlds import draw_world, simulate_world
 
-    rng = np.random.default_rng(0)
-    z = rng.normal(-3.0, 1.0, 5000)
+    z = np.random.default_rng(0).normal(-3.0, 1.0, 5000)
     c = W.level_shift(z, 400.0)
     assert c == pytest.approx(brentq(lambda s: float(sigmoid(z + s).sum()) - 400.0, -10, 10), abs=1e-9)
     with pytest.raises(ValueError, match="clicks"):
         W.level_shift(z, 0.0)
 
-    true = np.array([0.0, -0.3, -0.5, -0.65, -0.75, -0.8])
-    n_req, slots = 40_000, true.size
-    pos = np.tile(np.arange(1, slots + 1), n_req)
-    req = np.repeat(np.arange(n_req), slots)
-    rel = rng.normal(-2.0, 0.8, pos.size)
-    click = (rng.random(pos.size) < sigmoid(rel + true[pos - 1] + 0.2)).astype(np.float64)
-    off, shift, level = BO.fit_offsets(pos, rel, click, req)
-    assert np.max(np.abs(off[:slots] - true)) < 0.06, off[:slots]
-    assert shift == pytest.approx(0.2, abs=0.04)
-    assert level is None  # no bootstrap asked for
-
-    row = BO.world_row(4000, size="tiny")
-    assert 0.8 < row["floor"] < 1.25 and row["clicks"] > 0
-    # the world harness's floor (drift removed, then the same level fit) agrees without drift
     world = simulate_world(draw_world(4000, size="tiny", logging="random", drift="none"))
     train, _, test = W.split_world(world)
-    assert W.floor(world, train, test) == pytest.approx(BO.world_row(4000, size="tiny", drift="none")["floor"])
-    assert set(BO.ESTIMATORS) <= set(row) and all(r["offset_err"] >= 0 for k, r in row.items() if k in BO.ESTIMATORS)
-    # the shipped rows carry the serving level's interval and whether it holds the true level
-    lo, hi = row["shipped"]["level_lo"], row["shipped"]["level_hi"]
-    shift = np.log(row["shipped"]["pcoc"])  # about the level's error at a small click rate
-    assert lo < hi and isinstance(row["shipped"]["level_covered"], bool)
-    assert "level_lo" not in row["no_pool"]
-    if abs(shift) < 0.5 * min(-lo, hi):
-        assert row["shipped"]["level_covered"]
-
-
-@pytest.mark.slow
-def test_offsets_ceiling_matches_a_brute_force_per_slot_estimator():
-    """benchmarks.offsets' ceiling without a shape assumption against the estimator it describes,
-    simulated: clicks drawn again and again for fixed rows, each slot's logit estimated from its
-    own clicks (exploration rows only, when marked), the offsets against slot 1, the level slot
-    1's own (unmarked) or every click's given the offsets (marked, solved by the harness's own
-    level fit). The shares of draws meeting each target agree within Monte Carlo error."""
-    from benchmarks import offsets as BO
-    from benchmarks.common import sigmoid
-    from benchmarks.worlds import level_shift
-
-    rng = np.random.default_rng(5)
-    true = np.array([0.0, -0.35, -0.6])                   # offsets of slots 1-3
-    level, per_slot = -2.6, 9000
-    pos = np.repeat(np.arange(1, 4), per_slot)
-    p = sigmoid(level + true[pos - 1])
-    rel_test = np.full(500, level)
-    reps = 1500
-    for marked in (False, True):
-        fit = (np.arange(pos.size) % 3 == 0) if marked else np.ones(pos.size, dtype=bool)
-        got = BO.information_ceiling(pos, p, fit, rel_test, marked=marked, top=3, seed=1)
-        hits = {name: 0 for name, _, _ in BO.TARGETS} | {"pcoc_band": 0}
-        for _ in range(reps):
-            y = (rng.random(pos.size) < p).astype(np.float64)
-            rate = np.array([y[fit & (pos == j)].mean() for j in (1, 2, 3)])
-            theta = np.log(rate / (1 - rate))
-            off = theta - theta[0]
-            c = level_shift(off[pos - 1], y.sum()) if marked else theta[0]  # marked: every click
-            pcoc = float(sigmoid(rel_test - level + c).sum() / sigmoid(rel_test).sum())
-            worst = float(np.max(np.abs(off[1:] - true[1:])))
-            for name, band, tol in BO.TARGETS:
-                hits[name] += abs(pcoc - 1) <= band and worst <= tol
-            hits["pcoc_band"] += abs(pcoc - 1) <= 0.05
-        for name, count in hits.items():
-            assert got[name] == pytest.approx(count / reps, abs=0.05), (marked, name, got, hits)
-        assert 0.05 < got["pcoc_band"] < 0.95  # the check is not trivially at an end
-    # a slot the fitted rows never reach cannot be estimated without a shape assumption
-    none = BO.information_ceiling(pos, p, pos != 2, rel_test, marked=True, top=3)
-    assert all(v == 0.0 for v in none.values())
-
-
-def test_level_trend_bench_follows_a_linear_drift_and_leaves_a_flat_level():
-    """benchmarks.level_trend on tiny worlds: without drift the perfect time-blind model is left
-    as it is (no trend applied, every rule equal); with a strong linear drift pinned, the shipped
-    rule finds it and brings PCOC at slot 1 on the period after the log closer to 1; the
-    aggregate table counts every world once per rule."""
-    from benchmarks import level_trend as BL
-
-    pins = {"n_impressions": 60_000, "ctr": 0.08, "drift_amplitude": 0.5, "days": 21}
-    flat = BL.world_row(4001, "none", size="tiny", **{k: v for k, v in pins.items() if k != "drift_amplitude"})
-    assert not flat["applied"] and flat["static"] == flat["trend"] == flat["plain_line"]
-    lin = BL.world_row(4001, "linear", size="tiny", **pins)
-    assert lin["applied"], lin["verdict"]
-    assert abs(lin["static"] - 1) > 0.15                         # the drift's miss
-    assert abs(lin["trend"] - 1) < 0.5 * abs(lin["static"] - 1)  # mostly corrected
-    table = BL.aggregate([flat, lin])
-    assert "| none | 1 | static | 1/1 |" in table                 # 0.982
-    # static 0.636; the trend 0.952 (0.92 when a day's gap was the ratio of mean rates)
-    assert "| linear | 1 | static | 0/1 |" in table and "| linear | 1 | trend | 1/1 | 1/1 |" in table
-    assert "| linear | 1 | (trend applied in) | 1/1 |" in table
+    z_train = logit(train["true_p"].to_numpy())
+    clicks = float((train[world.columns["label"]].to_numpy() > 0).sum())
+    c = brentq(lambda s: float(sigmoid(z_train + s).sum()) - clicks, -10, 10)
+    ref = test["true_p_ref"].to_numpy()
+    assert W.floor(world, train, test) == pytest.approx(float(sigmoid(logit(ref) + c).sum() / ref.sum()), rel=1e-6)
+    assert W.drift_floor(world, train, test) == pytest.approx(1.0)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -440,7 +433,7 @@ def test_every_benchmark_has_a_documented_command_that_parses():
     ``[--extra ...]`` or ``# and 0.5`` aside)."""
     documented = _documented()
     mains = sorted(p.stem for p in BENCH.glob("*.py") if "\ndef main(" in p.read_text())
-    assert {"worlds", "offsets", "level_trend", "letor", "real", "losses", "metrics", "reader", "grid"} <= set(mains)
+    assert {"worlds", "letor", "real", "losses", "metrics", "reader", "grid", "train"} <= set(mains)
     missing = sorted(set(mains) - {m for _, m, _, _ in documented})
     assert not missing, f"benchmarks without a command in README.md / docs/*.md fences: {missing}"
     for where, module, script, rest in documented:
