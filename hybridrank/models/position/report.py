@@ -111,9 +111,9 @@ def level_interval(tower: PositionBias) -> dict[str, Any] | None:
     the true level lies in ``[estimate + lo, estimate + hi]`` at ``1 - alpha``, so at small click
     rates the true top-slot CTR is within about ``x[e^lo, e^hi]`` of the pCTR's. It measures the
     clicks' sampling error given the relevance model, not the model's own error, nor drift after
-    the log. Given the true relevance (``python -m benchmarks.offsets``, 70 fresh random-order
-    worlds) it held the truth in 65 of 70 (small and 400k impressions; 61 of 70 with exploration
-    marked).
+    the log. Given the true relevance (70 fresh random-order worlds; docs/BENCHMARKS.md, "What the
+    clicks allow") it held the truth in 65 of 70 (small and 400k impressions; 61 of 70 with
+    exploration marked).
     """
     bounds = torch.stack([tower.level_lower, tower.level_upper])
     if not tower.n_boot or int(tower.updates) == 0 or bool(torch.isnan(bounds).any()):
