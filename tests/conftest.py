@@ -17,6 +17,15 @@ settings.register_profile("ci", max_examples=100, deadline=None, derandomize=Tru
 settings.register_profile("dev", max_examples=20, deadline=None)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "default"))
 
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # several workers share the cores (pyproject's ``-n auto``): one intra-op torch thread each, and
+    # for the processes they start. Two threads per worker on a 2-core machine oversubscribe it and
+    # made the suite slower than one process; one thread each took it from ~290 s to ~180 s.
+    os.environ["OMP_NUM_THREADS"] = "1"
+    import torch
+
+    torch.set_num_threads(1)
+
 
 @pytest.fixture(scope="module")
 def one_thread():
