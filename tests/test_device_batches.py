@@ -501,6 +501,23 @@ def test_the_data_module_builds_batches_on_the_trainers_device_as_the_switch_all
         ListDataModule(src, budget=512, device_batches="gpu")
 
 
+def test_prefetch_auto_reads_ahead_for_an_accelerator_and_not_on_the_cpu():
+    """A streamed log's next chunk is read in a thread while an accelerator trains; on the CPU
+    the reading thread would only compete with torch's (``prefetch: auto``); true / false force it."""
+    src = SimulatedSource(n_users=30, seed=0)
+    dm = ListDataModule(src, budget=512)
+    assert dm.prefetch == "auto" and dm.prefetches() is False          # no trainer: the CPU
+    dm.trainer = _Trainer("cpu")
+    assert dm.prefetches() is False
+    dm.trainer = _Trainer("meta")                                       # an accelerator
+    assert dm.prefetches() is True
+    assert ListDataModule(src, budget=512, device="meta").prefetches() is True
+    assert ListDataModule(src, budget=512, prefetch="true").prefetches() is True
+    assert ListDataModule(src, budget=512, device="meta", prefetch=False).prefetches() is False
+    with pytest.raises(ValueError, match="data.prefetch must be auto, true or false, got 'yes'"):
+        ListDataModule(src, budget=512, prefetch="yes")
+
+
 def test_a_split_is_copied_once_and_lightnings_transfer_moves_nothing():
     """The training split of a one-chunk source is copied to the batch device once for every
     epoch (held by the data module, freed at teardown); batches built there are left where they

@@ -112,7 +112,11 @@ class ListDataModule(pl.LightningDataModule):
         device: where batches are built when ``device_batches`` allows (None: the trainer's root
             device, the CPU without a trainer).
         prefetch: a streamed log reads (and copies) its next chunk in a background thread while
-            the current one trains; two chunks are then in memory.
+            the current one trains; two chunks are then in memory. ``"auto"`` (default): when
+            training on an accelerator (the CPU is free while the device computes), not on the
+            CPU, where torch's threads already use the cores and the reading thread only competes
+            with them (streamed training at 3.24M impressions on 2 cores: 8.9 s an epoch without,
+            9.9-11.7 s with); ``True`` / ``False``: always / never.
     """
 
     def __init__(self, source: Source | None = None, *, splits: Splits | None = None,
@@ -120,7 +124,7 @@ class ListDataModule(pl.LightningDataModule):
                  max_unit_size: int | None = 512, reweight_negatives: bool = True,
                  eval_budget: int = 16384, shuffle: bool = True, seed: int = 0,
                  num_workers: int = 0, device_batches: str | bool = "auto",
-                 device: torch.device | str | None = None, prefetch: bool = True):
+                 device: torch.device | str | None = None, prefetch: str | bool = "auto"):
         super().__init__()
         if (source is None) == (splits is None):
             raise ValueError("ListDataModule needs exactly one of source= and splits=")
@@ -148,7 +152,11 @@ class ListDataModule(pl.LightningDataModule):
         self.num_workers = num_workers
         self.device_batches = device_batches
         self.device = None if device is None else torch.device(device)
-        self.prefetch = bool(prefetch)
+        if isinstance(prefetch, str):
+            prefetch = {"true": True, "false": False}.get(prefetch.lower(), prefetch.lower())
+        if not (prefetch == "auto" or isinstance(prefetch, bool)):
+            raise ValueError(f"data.prefetch must be auto, true or false, got {prefetch!r}")
+        self.prefetch = prefetch
         self._resident: dict = {}  # device copies of one-chunk splits, kept for the run
         self._model_data: dict[str, Any] | None = None
         self._value_counts: dict[str, np.ndarray] | None = None
@@ -297,8 +305,19 @@ class ListDataModule(pl.LightningDataModule):
     def _stream(self, split: str, **kwargs) -> BatchStream:
         world, rank = self._world()
         return BatchStream(self.source, split=split, num_replicas=world, rank=rank,
-                           device=self.batch_device(split), prefetch=self.prefetch,
+                           device=self.batch_device(split), prefetch=self.prefetches(),
                            resident=self._resident, **kwargs)
+
+    def prefetches(self) -> bool:
+        """Does a streamed log read its next chunk in a background thread (``prefetch``; auto:
+        when the training device, ``device`` or the trainer's root device, is not the CPU)?"""
+        if self.prefetch != "auto":
+            return self.prefetch
+        device = self.device
+        if device is None:
+            trainer = self.trainer
+            device = trainer.strategy.root_device if trainer is not None else torch.device("cpu")
+        return device.type != "cpu"
 
     def _epoch(self) -> int:
         return self.trainer.current_epoch if self.trainer is not None else 0
