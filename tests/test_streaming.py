@@ -165,6 +165,43 @@ def test_streamed_schema_equals_in_memory_fit(small_log):
             assert end == len(keys) or keys[end] != keys[end - 1]
 
 
+def test_validation_and_test_parts_are_kept_once_read_within_the_cache(small_log):
+    """A log of several chunks keeps the validation / test parts it has read while they fit in
+    ``eval_cache_mb``: a second pass reads no file and gives the same data; training parts are
+    never kept; a smaller cache keeps only what fits; 0 keeps nothing."""
+    def counting(**kw):
+        src = StreamingClickLogSource(small_log["glob"], SIM_COLUMNS_MAP, chunk_rows=700, split={}, **kw)
+        src.schema  # noqa: B018  (the fit reads every chunk once)
+        reads = []
+        original = src._read_parts
+        src._read_parts = lambda chunk: reads.append(chunk.index) or original(chunk)
+        return src, reads
+
+    src, reads = counting()
+    n = len(src.layout())
+    first = {s: list(src.chunks(s)) for s in ("val", "test", "train")}
+    assert reads.count(0) == 3 and len(reads) == 3 * n        # every chunk, once per split
+    reads.clear()
+    again = {s: list(src.chunks(s)) for s in ("val", "test")}
+    assert reads == []
+    for s in ("val", "test"):
+        assert len(again[s]) == len(first[s]) and all(a is b for a, b in zip(again[s], first[s]))
+    list(src.chunks("train"))
+    assert len(reads) == n                                    # training parts are read again
+    sizes = [d.nbytes for d in first["val"]]
+    small, reads = counting(eval_cache_mb=(sizes[0] + sizes[1]) / 2**20)
+    list(small.chunks("val"))
+    reads.clear()
+    assert [d.n_impressions for d in small.chunks("val")] == [d.n_impressions for d in first["val"]]
+    assert reads == list(range(2, n))                         # the first two fit
+    none, reads = counting(eval_cache_mb=0)
+    list(none.chunks("val"))
+    list(none.chunks("val"))
+    assert len(reads) == 2 * n
+    with pytest.raises(ValueError, match="eval_cache_mb must be >= 0"):
+        StreamingClickLogSource(small_log["glob"], SIM_COLUMNS_MAP, eval_cache_mb=-1)
+
+
 def test_streamed_time_features_equal_in_memory(small_log):
     """Calendar features derived from the time column: the streamed schema and batches' codes
     are those of the in-memory read."""

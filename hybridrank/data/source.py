@@ -130,6 +130,11 @@ class Source(abc.ABC):
         self._layout: list[Chunk] | None = None
         self._parts: dict[int, dict[str, pl.DataFrame]] = {}   # one-chunk source: frames not yet transformed
         self._data: dict[tuple[int, str], ListData | None] = {}  # one-chunk source: transformed splits
+        # several chunks: validation / test parts kept up to eval_cache_bytes (0 in this base class;
+        # a source that reads chunks sets it), and the bytes they hold
+        self.eval_cache_bytes = 0
+        self._eval_cache: dict[tuple[int, str], ListData | None] = {}
+        self._eval_cached = 0
         self.oov: dict[str, int] = {}
         self.stats: dict[str, dict] | None = None
         self.train_stats: dict[str, float] = {}
@@ -178,14 +183,17 @@ class Source(abc.ABC):
     def read_chunk(self, chunk: Chunk, split: str) -> ListData | None:
         """One split of a chunk as ``ListData`` with the schema; None when it has no rows.
 
-        A one-chunk source keeps the result (and drops the frame); code-0 counts are added to
-        ``self.oov`` and logged.
+        A one-chunk source keeps the result (and drops the frame); a several-chunk one keeps
+        validation and test parts while they fit in ``eval_cache_bytes``. Code-0 counts are added
+        to ``self.oov`` and logged.
         """
         if split not in SPLITS:
             raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
         key = (chunk.index, split)
         if key in self._data:
             return self._data[key]
+        if key in self._eval_cache:
+            return self._eval_cache[key]
         schema = self.schema
         frame = self.read_parts(chunk)[split]
         data = None
@@ -204,6 +212,11 @@ class Source(abc.ABC):
                 parts.pop(split, None)
                 if not parts:
                     del self._parts[chunk.index]
+        elif split != "train":
+            size = 0 if data is None else data.nbytes
+            if self._eval_cached + size <= self.eval_cache_bytes:
+                self._eval_cache[key] = data
+                self._eval_cached += size
         return data
 
     def chunks(self, split: str = "train", max_rows: int | None = None) -> Iterator[ListData]:
@@ -255,6 +268,8 @@ class Source(abc.ABC):
         """
         fit = None
         if self._schema is None:
+            self._eval_cache.clear()  # read with another schema
+            self._eval_cached = 0
             fit = SchemaFit(self.columns_for_fit(), self.label_max, normalize=self.normalize,
                             vocab=self.vocab, **self.policies)
         stats: dict[str, Any] = {s: {"rows": 0, "requests": 0, "positives": 0.0, "label_sum": 0.0,

@@ -274,6 +274,10 @@ class ClickLogSource(Source):
         fit_rows: fit the schema on the first ``fit_rows`` training rows (whole chunks) instead of
             all: faster; ids first seen later go to the OOV bucket 0.
         normalize: standardise numeric features with the training mean / std.
+        eval_cache_mb: a log read in several chunks keeps the validation and test parts it has
+            read (transformed) up to this many MB, so that later validation passes and the test
+            evaluation do not read every chunk again (each chunk holds a share of every split);
+            0: keep nothing. A one-chunk log keeps every split anyway.
 
     The value policies are recorded in the fitted :class:`Schema`, so they travel with a trained
     model and apply again when it scores new files. The fingerprint is the resolved file list
@@ -286,7 +290,7 @@ class ClickLogSource(Source):
                  max_request_span: float | None = MAX_REQUEST_SPAN,
                  vocab: Mapping | None = None, schema: Schema | Mapping | None = None,
                  chunk_rows: int | None = None, fit_rows: int | None = None,
-                 normalize: bool = True):
+                 normalize: bool = True, eval_cache_mb: float = 256.0):
         self.path = path if isinstance(path, str | Path) else [str(p) for p in path]
         self.pattern = str(path) if isinstance(path, str | Path) else str(self.path)
         cm = columns if isinstance(columns, ColumnMap) else ColumnMap.from_dict(columns)
@@ -298,6 +302,9 @@ class ClickLogSource(Source):
                     "duplicates": duplicates, "max_request_span": max_request_span}
         self._setup(name=self.pattern, columns=cm, label_max=label_max, schema=schema,
                     policies=policies, vocab=vocab, normalize=normalize, fit_rows=fit_rows)
+        if not float(eval_cache_mb) >= 0:
+            raise ValueError(f"eval_cache_mb must be >= 0, got {eval_cache_mb}")
+        self.eval_cache_bytes = int(float(eval_cache_mb) * 2**20)
         if self._schema is not None and vocab is not None and \
                 dict(self._schema.vocab_policy) != vocab_policies(vocab, cm.categorical):
             log.info("%s: reading with the model's vocabulary policies", self.pattern)
