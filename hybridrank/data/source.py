@@ -194,17 +194,8 @@ class Source(abc.ABC):
             return self._data[key]
         if key in self._eval_cache:
             return self._eval_cache[key]
-        schema = self.schema
-        frame = self.read_parts(chunk)[split]
-        data = None
-        if frame.height:
-            data, stats = schema.transform_with_stats(frame)
-            for c, n in stats["oov"].items():
-                self.oov[c] = self.oov.get(c, 0) + n
-            if any(stats["oov"].values()):
-                log.log(logging.INFO if self.one_chunk else logging.DEBUG,
-                        "%s %s: out-of-vocabulary rows per categorical %s", self.name, split,
-                        stats["oov"])
+        parts = self.read_parts(chunk)
+        data = self._transform(parts[split], split)
         if self.one_chunk:  # keep the ListData, drop the frame
             self._data[key] = data
             parts = self._parts.get(chunk.index)
@@ -212,12 +203,34 @@ class Source(abc.ABC):
                 parts.pop(split, None)
                 if not parts:
                     del self._parts[chunk.index]
-        elif split != "train":
-            size = 0 if data is None else data.nbytes
-            if self._eval_cached + size <= self.eval_cache_bytes:
-                self._eval_cache[key] = data
-                self._eval_cached += size
+        elif split != "train" and self._keep(key, data):
+            # the chunk's other evaluation part is in memory already: keep it too, so that the
+            # test evaluation after the validation passes reads no chunk again
+            other = (chunk.index, "test" if split == "val" else "val")
+            if other not in self._eval_cache:
+                self._keep(other, self._transform(parts[other[1]], other[1]))
         return data
+
+    def _transform(self, frame: pl.DataFrame, split: str) -> ListData | None:
+        """A split part as ``ListData`` (None without rows); its code-0 counts go to ``oov``."""
+        if not frame.height:
+            return None
+        data, stats = self.schema.transform_with_stats(frame)
+        for c, n in stats["oov"].items():
+            self.oov[c] = self.oov.get(c, 0) + n
+        if any(stats["oov"].values()):
+            log.log(logging.INFO if self.one_chunk else logging.DEBUG,
+                    "%s %s: out-of-vocabulary rows per categorical %s", self.name, split, stats["oov"])
+        return data
+
+    def _keep(self, key: tuple[int, str], data: ListData | None) -> bool:
+        """Keep an evaluation part of a several-chunk source if it fits in ``eval_cache_bytes``."""
+        size = 0 if data is None else data.nbytes
+        if self._eval_cached + size > self.eval_cache_bytes:
+            return False
+        self._eval_cache[key] = data
+        self._eval_cached += size
+        return True
 
     def chunks(self, split: str = "train", max_rows: int | None = None) -> Iterator[ListData]:
         """The requests of a split as ``ListData``, chunk by chunk, each cut into pieces of whole
