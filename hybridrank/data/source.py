@@ -194,6 +194,10 @@ class Source(abc.ABC):
             return self._data[key]
         if key in self._eval_cache:
             return self._eval_cache[key]
+        if self._schema is None:
+            _ = self.schema  # the fit first: a one-chunk source's fit transforms its training split
+            if key in self._data:
+                return self._data[key]
         parts = self.read_parts(chunk)
         data = self._transform(parts[split], split)
         if self.one_chunk:  # keep the ListData, drop the frame
