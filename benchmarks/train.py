@@ -1,4 +1,4 @@
-"""Training throughput, side by side in one run: impressions per second of one timed epoch.
+"""Training throughput, side by side in one run: impressions per second, the median of timed epochs.
 
 For every combination of device (``cpu``; ``cuda`` where present), precision, batch budget,
 scorer and loss, on one simulated log, after a warm-up epoch of each path:
@@ -8,7 +8,8 @@ scorer and loss, on one simulated log, after a warm-up epoch of each path:
 - **plain loop**: the same loop over the data module's live batches (batch building included);
 - **Lightning**: the ``Trainer`` epoch that ``hybridrank-train`` runs (its logging, hooks and
   loop), with the share of the epoch spent waiting for the next batch and the ratio to the plain
-  loop (what the framework costs);
+  loop (what the framework costs): the plain epochs run between the Lightning ones, and the ratio
+  is the median over these pairs (a machine whose speed drifts during the run slows both alike);
 - **peak memory**: the device's peak allocated memory during the Lightning epoch (CUDA only).
 
 The model is built from the shipped configs (``model=<scorer> loss=<loss>``), as
@@ -41,13 +42,14 @@ from hybridrank.data.sources import SimulatedSource
 
 
 class DataWait(pl.Callback):
-    """Seconds of the last training epoch, and of it the time between one batch's end and the
-    next one's start (fetching the batch), with the impressions trained on."""
+    """Per training epoch ``(seconds, seconds waiting for a batch, impressions)``: the wait is the
+    time between one batch's end and the next one's start (fetching the batch)."""
 
     def __init__(self, cuda: bool):
         self.cuda = cuda
         self.total = self.wait = 0.0
         self.n = 0
+        self.epochs: list[tuple[float, float, int]] = []
 
     def _sync(self) -> None:
         if self.cuda:
@@ -70,6 +72,7 @@ class DataWait(pl.Callback):
     def on_train_epoch_end(self, trainer, module):
         self._sync()
         self.total = time.perf_counter() - self.t0
+        self.epochs.append((self.total, self.wait, self.n))
         self.peak = torch.cuda.max_memory_allocated() if self.cuda else None
 
 
@@ -83,6 +86,7 @@ class Row:
     floor: float
     plain: float
     lightning: float
+    ratio: float  # the median over epoch pairs of Lightning's rate / the plain loop's
     wait_share: float
     peak_mib: float | None
 
@@ -115,7 +119,8 @@ def _steps(model, batches, device: str, precision: str) -> tuple[float, int]:
 
 
 def measure(splits, device: str, precision: str, budget: int, scorer: str, loss: str,
-            warmup: int) -> Row:
+            warmup: int, repeats: int = 3) -> Row:
+    """One row: each path's median over ``repeats`` timed epochs after ``warmup`` epochs."""
     cfg = compose_config([f"model={scorer}", f"loss={loss}", "position_bias=none", "paths.output_dir=.",
                           f"data.budget={budget}"])
     dm = ListDataModule(splits=splits, budget=budget, max_unit_size=min(512, budget),
@@ -137,26 +142,43 @@ def measure(splits, device: str, precision: str, budget: int, scorer: str, loss:
     batches = list(dm.train_stream(0))
     for _ in range(warmup):
         _steps(model, batches, device, precision)
-    floor_s, n = _steps(model, batches, device, precision)
+    floor_s, n = _median([_steps(model, batches, device, precision) for _ in range(repeats)])
     del batches
-    # plain loop over live batches
-    model = fresh_model()
+    # the plain loop over live batches and the Lightning epochs, interleaved: a plain epoch after
+    # each Lightning one (outside its timing), so that the shared machine's speed drifting during
+    # the run hits both alike; the ratio is the median over these pairs
+    plain_model = fresh_model()
     for e in range(warmup):
-        _steps(model, dm.train_stream(e), device, precision)
-    plain_s, _ = _steps(model, dm.train_stream(warmup), device, precision)
-    # the Lightning epoch
+        _steps(plain_model, dm.train_stream(e), device, precision)
+    plain: list[tuple[float, int]] = []
+
+    class Interleave(pl.Callback):
+        def on_train_epoch_end(self, trainer, module):
+            if trainer.current_epoch >= warmup:
+                with torch.enable_grad():
+                    plain.append(_steps(plain_model, dm.train_stream(trainer.current_epoch), device, precision))
+
     model = fresh_model()
     wait = DataWait(cuda)
     # the shipped trainer settings that act on a training epoch; no checkpoints, no validation
     shipped = {k: cfg.trainer[k] for k in ("deterministic", "log_every_n_steps",
                                            "use_distributed_sampler", "reload_dataloaders_every_n_epochs")}
     trainer = pl.Trainer(accelerator="gpu" if cuda else "cpu", devices=1, precision=precision,
-                         max_epochs=warmup + 1, logger=False, enable_checkpointing=False,
+                         max_epochs=warmup + repeats, logger=False, enable_checkpointing=False,
                          enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0,
-                         num_sanity_val_steps=0, callbacks=[wait], **shipped)
+                         num_sanity_val_steps=0, callbacks=[wait, Interleave()], **shipped)
     trainer.fit(model, datamodule=dm)
-    return Row(device, precision, budget, scorer, loss, n / floor_s, n / plain_s, wait.n / wait.total,
-               wait.wait / wait.total, None if wait.peak is None else wait.peak / 2**20)
+    timed = wait.epochs[warmup:]  # (seconds, wait, impressions) of each timed Lightning epoch
+    ratios = sorted((nl / tl) / (npl / tp) for (tl, _, nl), (tp, npl) in zip(timed, plain, strict=True))
+    total, waited, n_l = sorted(timed)[(repeats - 1) // 2]  # the median epoch
+    plain_s, n_p = _median(plain)
+    return Row(device, precision, budget, scorer, loss, n / floor_s, n_p / plain_s, n_l / total,
+               ratios[(repeats - 1) // 2], waited / total, None if wait.peak is None else wait.peak / 2**20)
+
+
+def _median(timings: list[tuple[float, int]]) -> tuple[float, int]:
+    """The median ``(seconds, impressions)`` of timed passes (the lower middle one of an even count)."""
+    return sorted(timings)[(len(timings) - 1) // 2]
 
 
 def parser() -> argparse.ArgumentParser:
@@ -168,7 +190,8 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--scorers", default="mlp", help="comma-separated conf/model options")
     ap.add_argument("--losses", default="bce", help="comma-separated conf/loss options")
     ap.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
-    ap.add_argument("--warmup", type=int, default=1, help="warm-up epochs before each timed one")
+    ap.add_argument("--warmup", type=int, default=1, help="warm-up epochs before the timed ones")
+    ap.add_argument("--repeats", type=int, default=3, help="timed epochs per path; the median is reported")
     return ap
 
 
@@ -183,7 +206,7 @@ def main(argv: list[str] | None = None) -> None:
     splits = SimulatedSource(n_users=a.users, seed=0, split={"by": "time", "val": 0.0001,
                                                              "test": 0.0001}).load()
     load_s = time.perf_counter() - t
-    rows = [measure(splits, d, p, int(b), s, lo, a.warmup) for d, p, b, s, lo in itertools.product(
+    rows = [measure(splits, d, p, int(b), s, lo, a.warmup, a.repeats) for d, p, b, s, lo in itertools.product(
         devices, a.precisions.split(","), a.budgets.split(","), a.scorers.split(","),
         a.losses.split(","))]
     name = {"cpu": f"cpu ({torch.get_num_threads()} threads)"}
@@ -191,14 +214,14 @@ def main(argv: list[str] | None = None) -> None:
         name["cuda"] = f"cuda ({torch.cuda.get_device_name()})"
     print(f"\nsimulated log: {splits.train.n_impressions:,} training impressions in "
           f"{splits.train.n_requests:,} requests (simulate + load: {load_s:.1f} s); torch "
-          f"{torch.__version__}; one timed epoch after {a.warmup} warm-up epoch(s)\n")
+          f"{torch.__version__}; the median of {a.repeats} timed epoch(s) after {a.warmup} warm-up epoch(s)\n")
     print("| device | precision | budget | scorer | loss | floor imp/s | plain loop imp/s | "
           "Lightning imp/s | Lightning / plain | data wait | peak MiB |")
     print("|---|---|---:|---|---|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         peak = "—" if r.peak_mib is None else f"{r.peak_mib:,.0f}"
         print(f"| {name.get(r.device, r.device)} | {r.precision} | {r.budget:,} | {r.scorer} | {r.loss} | "
-              f"{r.floor:,.0f} | {r.plain:,.0f} | {r.lightning:,.0f} | {r.lightning / r.plain:.2f} | "
+              f"{r.floor:,.0f} | {r.plain:,.0f} | {r.lightning:,.0f} | {r.ratio:.2f} | "
               f"{100 * r.wait_share:.0f} % | {peak} |")
 
 
