@@ -273,10 +273,7 @@ class ListDataModule(pl.LightningDataModule):
         ``device_batches`` allows (see the class docstring)."""
         if self.device_batches is False:
             return None
-        device = self.device
-        if device is None:
-            trainer = self.trainer
-            device = trainer.strategy.root_device if trainer is not None else torch.device("cpu")
+        device = self._training_device()
         if device.type == "cpu":
             return device
         if self.num_workers:
@@ -313,11 +310,14 @@ class ListDataModule(pl.LightningDataModule):
         when the training device, ``device`` or the trainer's root device, is not the CPU)?"""
         if self.prefetch != "auto":
             return self.prefetch
-        device = self.device
-        if device is None:
-            trainer = self.trainer
-            device = trainer.strategy.root_device if trainer is not None else torch.device("cpu")
-        return device.type != "cpu"
+        return self._training_device().type != "cpu"
+
+    def _training_device(self) -> torch.device:
+        """``device``, else the trainer's root device, else the CPU (no trainer)."""
+        if self.device is not None:
+            return self.device
+        trainer = self.trainer
+        return trainer.strategy.root_device if trainer is not None else torch.device("cpu")
 
     def _epoch(self) -> int:
         return self.trainer.current_epoch if self.trainer is not None else 0
