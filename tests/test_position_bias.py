@@ -569,6 +569,46 @@ def test_a_large_epoch_diagnoses_every_kth_step_after_its_first_update():
     assert int(small.diagnosis_stride) == 1
     with pytest.raises(ValueError, match="diagnosis_requests"):
         PositionBias(diagnosis_requests=-1)
+    # the epoch's requests known before the fit: the first epoch is sampled too (steps 0 and 6),
+    # with the verdict of exactly those batches; an update or a loaded state is not overridden
+    planned = PositionBias(max_position=6, n_boot=0, diagnosis_requests=1000)
+    assert planned.plan_diagnosis(6000) == 6 and int(planned.diagnosis_stride) == 6
+    epoch(planned, 0)
+    ident = planned.report()["identifiability"]
+    assert ident["requests_measured"] == 2 * per
+    rows = np.r_[0:per, 6 * per:7 * per]
+    assert ident["rank_correlation"] == pytest.approx(
+        float(np.mean([spearmanr(-slot[g], seen[g])[0] for g in rows])), abs=1e-9)
+    assert planned.plan_diagnosis(60_000) == 6                                # updated: kept
+    assert PositionBias(max_position=6, diagnosis_requests=0).plan_diagnosis(6000) == 1
+    assert PositionBias(max_position=6).plan_diagnosis(6000) == 1            # under the cap
+
+
+def test_a_fit_plans_the_first_epochs_diagnosis_from_the_training_requests(tmp_path):
+    """HybridRanker's setup hands the datamodule's training request count to the tower: the
+    first epoch of a log with more requests than ``diagnosis_requests`` is sampled."""
+    import pytorch_lightning as pl
+
+    from hybridrank.data.datamodule import ListDataModule
+    from hybridrank.data.sources import SimulatedSource
+
+    splits = SimulatedSource(n_users=60, seed=0, split={"by": "time", "val": 0.2, "test": 0.2}).load()
+    dm = ListDataModule(splits=splits, budget=256)
+    n_train = dm.split_requests["train"]
+    assert n_train == splits.train.n_requests
+    tower = PositionBias(max_position=10, n_boot=0, diagnosis_requests=n_train // 4)
+    model = HybridRanker(MLPScorer(splits.train.num.shape[1], splits.schema.vocab_sizes, hidden=(8,)),
+                         loss=HybridLoss(), position_bias=tower)
+    seen_strides = []
+
+    class Spy(pl.Callback):
+        def on_train_epoch_start(self, trainer, module):
+            seen_strides.append(module.position_bias._stride)
+
+    pl.Trainer(max_epochs=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+               enable_model_summary=False, limit_val_batches=0, callbacks=[Spy()],
+               default_root_dir=tmp_path).fit(model, datamodule=dm)
+    assert seen_strides == [n_train // (n_train // 4)]
 
 
 @pytest.mark.slow

@@ -163,6 +163,7 @@ class ListDataModule(pl.LightningDataModule):
         #: the click levels of the periods (:mod:`hybridrank.data.period_levels`), set by model_data
         self.period_check: PeriodCheck | None = None
         self.split_rows: dict[str, int] | None = None
+        self.split_requests: dict[str, int] | None = None
         if splits is not None:  # fail now, not in the middle of the first epoch
             self.model_data()
 
@@ -200,6 +201,9 @@ class ListDataModule(pl.LightningDataModule):
             rows, pos = stats["train"]["rows"], stats["train"]["positives"]
             #: impressions per split (None after a partial pass, ``fit_rows``)
             self.split_rows = {s: int(stats[s]["rows"]) for s in SPLITS} if stats.get("complete", True) else None
+            #: requests per split (None after a partial pass)
+            self.split_requests = ({s: int(stats[s]["requests"]) for s in SPLITS}
+                                   if stats.get("complete", True) else None)
             self._model_data = {
                 "schema": self.source.schema.to_dict(),
                 "base_rate": pos / rows if rows else None,

@@ -398,6 +398,11 @@ class HybridRanker(pl.LightningModule):
         return report
 
     def setup(self, stage: str) -> None:
+        if stage == "fit" and self.position_bias is not None and self._trainer is not None:
+            # a large log diagnoses a sample of its requests from the first epoch on
+            requests = getattr(self._trainer.datamodule, "split_requests", None) or {}
+            if requests.get("train"):
+                self.position_bias.plan_diagnosis(requests["train"])
         if stage != "fit" or self.unseen_report is not None:
             return
         if self.unseen_dropout == "off" and not self._frequency_l2:

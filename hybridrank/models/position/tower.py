@@ -94,7 +94,9 @@ class PositionBias(nn.Module):
         diagnosis_requests: about how many requests per epoch enter the rank diagnosis (0: every
             request of every batch). After an update that read more, the next epoch (or refit)
             diagnoses the batches of every k-th training step only, ``k = requests read //
-            diagnosis_requests`` (the ``diagnosis_stride`` buffer): the verdict's standard error at
+            diagnosis_requests`` (the ``diagnosis_stride`` buffer; the first epoch's, when the
+            training requests are known before the fit, :meth:`plan_diagnosis`, which
+            ``HybridRanker`` calls with its datamodule's count): the verdict's standard error at
             50,000 requests is ~0.002 against a threshold of 0.05, and the per-batch rank sorts
             cost ~10 % of a CPU training step on a large log. Small logs are diagnosed whole.
 
@@ -407,6 +409,16 @@ class PositionBias(nn.Module):
         return change, ref_step
 
     # --- state ----------------------------------------------------------------------------------
+    def plan_diagnosis(self, requests_per_epoch: int) -> int:
+        """Set the first epoch's diagnosis stride from the requests an epoch will read, before
+        any update: a large log then diagnoses about ``diagnosis_requests`` requests in its
+        first epoch too, not all of them. A no-op once an update (or a loaded state) has set
+        the stride. Returns the stride."""
+        if int(self.updates) == 0 and self.diagnosis_requests and requests_per_epoch > 0:
+            self._stride = max(1, int(requests_per_epoch) // self.diagnosis_requests)
+            self.diagnosis_stride.fill_(self._stride)
+        return self._stride
+
     def _next_stride(self, diagnosed: float) -> int:
         """The step stride of the next epoch's diagnosis, from the requests this one diagnosed
         (under the current stride: the epoch read about ``diagnosed * stride``)."""
