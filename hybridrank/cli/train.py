@@ -126,20 +126,24 @@ def train(cfg: DictConfig, *, splits=None) -> dict[str, Any]:
 
     ckpt = trainer.checkpoint_callback
     best = ckpt.best_model_path if ckpt is not None and ckpt.best_model_path else None
-    val_epoch, val = kept_val_metrics(trainer, best)
+    # the kept checkpoint, read once for its epoch and the refit: this run's own file, just
+    # written (a weights-only read of the same file took ~7x longer, and it was read three times)
+    best_state = torch.load(best, map_location="cpu", weights_only=False) if best else None
+    best_epoch = int(best_state["epoch"]) if best_state is not None else None
+    val_epoch, val = kept_val_metrics(trainer, best_epoch)
     result: dict[str, Any] = {
         "val": val,
         "val_epoch": val_epoch,
         "best_checkpoint": best,
         "output_dir": str(out_dir),
-        "training": training_summary(trainer, best),  # the fit's, before any other trainer call
+        "training": training_summary(trainer, best_epoch),  # the fit's, before any other trainer call
         "fit_seconds": fit_seconds,
         "unseen_dropout": model.unseen_report or {},
     }
     run_clock = next(c for c in trainer.callbacks if isinstance(c, RunClock))
     clock.update(fit=fit_seconds, training=run_clock.train_seconds, validation=run_clock.val_seconds)
     t_eval = time.perf_counter()
-    refitted = refit_position_bias(trainer, model, datamodule, best)
+    refitted = refit_position_bias(trainer, model, datamodule, best, best_state)
     if cfg.get("test_after_fit", True):
         if trainer.world_size > 1:
             # every rank reports streaming test metrics (rank 0's are replaced by the final
@@ -150,7 +154,8 @@ def train(cfg: DictConfig, *, splits=None) -> dict[str, Any]:
             # one process: the final figures below are the test figures; a trainer.test pass
             # would score the test split a second time only to be replaced by them (after a
             # refit the model already holds the kept weights and the refitted offsets)
-            model.load_state_dict(checkpoint_state(best)["state_dict"])
+            model.load_state_dict(best_state["state_dict"])
+        best_state = None  # freed before the test evaluation
         if trainer.is_global_zero:
             # the final figures and their intervals come from one set of per-request
             # statistics of the test split
@@ -247,12 +252,14 @@ def check_devices(node: Any) -> None:
                          f"{machine_devices()}: set trainer.devices={have} (or fewer)")
 
 
-def refit_position_bias(trainer: pl.Trainer, model: HybridRanker, datamodule, best: str | None) -> bool:
+def refit_position_bias(trainer: pl.Trainer, model: HybridRanker, datamodule, best: str | None,
+                        state: dict[str, Any] | None = None) -> bool:
     """One more exact update of the position tower's offsets from the kept checkpoint's logits.
 
-    Loads the best checkpoint's weights into ``model``, refits the offsets on the whole training
-    split (:meth:`HybridRanker.refit_offsets`, as many batches as training reads) and writes the
-    weights back into the best checkpoint, which test, export and eval then read. The validation
+    Loads the best checkpoint's weights (``state``: its contents, already read) into ``model``,
+    refits the offsets on the whole training split (:meth:`HybridRanker.refit_offsets`, as many
+    batches as training reads) and writes the weights back into the best checkpoint (and into
+    ``state``), which test, export and eval then read. The validation
     figures in the report stay those of the kept epoch. Skipped (False) without a tower, with
     ``refit: false``, without a best checkpoint, or when negatives were dropped without
     re-weighting (the logits are then at the sampled rate and the full split would move their
@@ -268,7 +275,8 @@ def refit_position_bias(trainer: pl.Trainer, model: HybridRanker, datamodule, be
         return False
     # the kept weights, loaded by hand: validate(ckpt_path=...) would also restore the callbacks'
     # state (the stopping rule's) to the kept epoch's
-    state = torch.load(best, map_location="cpu", weights_only=False)
+    if state is None:
+        state = torch.load(best, map_location="cpu", weights_only=False)
     model.load_state_dict(state["state_dict"])
     model.refit_offsets(trainer, datamodule.eval_dataloader("train"),
                         limit_batches=trainer.limit_train_batches)  # the data the model was fitted on
@@ -282,9 +290,9 @@ def refit_position_bias(trainer: pl.Trainer, model: HybridRanker, datamodule, be
     return True
 
 
-def training_summary(trainer: pl.Trainer, best: str | None) -> dict[str, Any]:
-    """How many epochs ran, which one the kept (best) checkpoint holds (both 1-based) and why
-    training stopped."""
+def training_summary(trainer: pl.Trainer, best_epoch: int | None) -> dict[str, Any]:
+    """How many epochs ran, which one the kept (best) checkpoint holds (both 1-based; ``best_epoch``
+    is the checkpoint's own 0-based ``epoch``, None without one) and why training stopped."""
     from pytorch_lightning.callbacks.early_stopping import EarlyStopping, EarlyStoppingReason
 
     epochs = int(trainer.current_epoch)  # epochs completed
@@ -300,10 +308,8 @@ def training_summary(trainer: pl.Trainer, best: str | None) -> dict[str, Any]:
             reason = "interrupted"
         else:
             reason = "another limit (max_steps, max_time)"
-    best_epoch = None
-    if best:
-        best_epoch = int(checkpoint_state(best)["epoch"]) + 1
-    return {"epochs": epochs, "best_epoch": best_epoch, "stopped_because": reason,
+    return {"epochs": epochs, "best_epoch": None if best_epoch is None else best_epoch + 1,
+            "stopped_because": reason,
             "max_epochs": trainer.max_epochs}
 
 
@@ -334,15 +340,15 @@ def finished_result(out_dir: Path) -> dict[str, Any] | None:
     return result
 
 
-def kept_val_metrics(trainer: pl.Trainer, best: str | None) -> tuple[int | None, dict[str, float]]:
+def kept_val_metrics(trainer: pl.Trainer, best_epoch: int | None) -> tuple[int | None, dict[str, float]]:
     """``(epoch, val metrics)`` of the checkpoint the run keeps, epoch 1-based.
 
-    The epoch is the one stored in the best checkpoint; its validation metrics come from
+    ``best_epoch`` is the (0-based) epoch stored in the best checkpoint; its validation metrics come from
     :class:`~hybridrank.cli.callbacks.ValHistory` (kept across resumes). Without a best
     checkpoint (``callbacks=none``) the model kept is the last epoch's.
     """
     history = next((c.history for c in trainer.callbacks if isinstance(c, ValHistory)), {})
-    epoch = int(checkpoint_state(best)["epoch"]) if best else None
+    epoch = best_epoch
     if epoch is not None and epoch in history:
         return epoch + 1, dict(history[epoch])
     if epoch is not None and history:  # validation ran, but not at the kept checkpoint's epoch
