@@ -140,6 +140,13 @@ class HybridRanker(pl.LightningModule):
             ``value_counts()`` (or :meth:`set_value_counts`). ``off``: codes as they are. A
             boolean is read as ``good_turing`` (true) / ``off`` (false), as YAML reads a bare
             ``off``. Presets per scorer in ``conf/model``.
+        sparse_tables: ``auto`` (default): the scorer's id tables
+            (:func:`~hybridrank.models.scorers.column_tables`) give sparse gradients when the
+            optimizer updates rows lazily (:class:`~hybridrank.models.optim.LazyAdam`, the presets
+            in ``conf/optimizer``) on one device (not under DDP, even with one process) without
+            gradient clipping, so a step reads and
+            writes only the rows its batch uses; dense otherwise. ``true``: insist (an error
+            saying why not); ``false``: dense gradients always.
 
     Built from configs (as ``hybridrank-train`` does), a checkpoint is self-contained:
     ``HybridRanker.load_from_checkpoint(path)``. Parts given as Python objects are not stored;
@@ -151,7 +158,7 @@ class HybridRanker(pl.LightningModule):
                  data: Mapping[str, Any] | None = None,
                  config: Mapping[str, Any] | None = None, monitor: str = "val/logloss",
                  embedding_l2: float = 0.0, unseen_dropout: str = "good_turing",
-                 embedding_l2_mode: str = "per_impression"):
+                 embedding_l2_mode: str = "per_impression", sparse_tables: str | bool = "auto"):
         super().__init__()
         # position_bias=auto (when: position_known): the tower, unless the data has no display
         # position or uses it as a feature; decided here so that the checkpoint stores the outcome
@@ -163,7 +170,7 @@ class HybridRanker(pl.LightningModule):
                 "scheduler": _plain(scheduler), "metrics": _plain(metrics),
                 "position_bias": tower, "data": data,
                 "config": _plain(config), "monitor": monitor, "embedding_l2": float(embedding_l2),
-                "embedding_l2_mode": str(embedding_l2_mode),
+                "embedding_l2_mode": str(embedding_l2_mode), "sparse_tables": sparse_tables,
                 # YAML 1.1 reads a bare `off` as false (and `on` as true)
                 "unseen_dropout": ({True: "good_turing", False: "off"}[unseen_dropout]
                                    if isinstance(unseen_dropout, bool) else str(unseen_dropout))}
@@ -218,6 +225,9 @@ class HybridRanker(pl.LightningModule):
         # with the unseen-value dropout's counts (setup / set_value_counts); not in checkpoints
         self._row_weights: list[torch.Tensor | None] | None = None
         self.unseen_dropout = args["unseen_dropout"]
+        if sparse_tables not in ("auto", True, False):
+            raise ValueError(f"sparse_tables must be auto, true or false, got {sparse_tables!r}")
+        self.sparse_tables = sparse_tables
         # per categorical column its drop probabilities (None: nothing dropped), set from the
         # training counts before the fit (setup / set_value_counts); not saved in checkpoints
         self._unseen_tables: list[torch.Tensor | None] | None = None
@@ -643,10 +653,29 @@ class HybridRanker(pl.LightningModule):
     def on_test_epoch_end(self) -> None:
         self._log_metrics("test", self.test_metrics)
 
+    def _sparse_gradients(self, opt: torch.optim.Optimizer) -> None:
+        """Give the scorer's id tables sparse gradients under ``sparse_tables`` (see the class
+        docstring) for the optimizer ``opt``; dense ones otherwise."""
+        trainer = self._trainer
+        why = None
+        if not getattr(opt, "sparse_rows", False):
+            why = f"{type(opt).__name__} takes dense gradients (LazyAdam takes sparse ones)"
+        elif trainer is not None and not isinstance(trainer.strategy, pl.strategies.SingleDeviceStrategy):
+            why = f"{type(trainer.strategy).__name__} reduces dense gradients"
+        elif trainer is not None and trainer.gradient_clip_val:
+            why = "gradient clipping reads dense gradients"
+        if self.sparse_tables is True and why is not None:
+            raise ValueError(f"model.sparse_tables=true: {why}; set it to auto or false")
+        sparse = self.sparse_tables is not False and why is None
+        for tables in column_tables(self.scorer):
+            for t in tables:
+                t.sparse = sparse
+
     def configure_optimizers(self):
         factory: Callable[..., torch.optim.Optimizer] = (
             self.optimizer_factory or (lambda params: torch.optim.Adam(params, lr=1e-3)))
         opt = factory(self.parameters())
+        self._sparse_gradients(opt)
         if self.scheduler_factory is None:
             return opt
         # `interval` (a key of the scheduler config, not an argument of the scheduler): when
