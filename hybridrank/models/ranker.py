@@ -32,6 +32,7 @@ from torch import nn
 from hybridrank.lists import Batch, ListData, gather_lists
 from hybridrank.losses import HybridLoss
 from hybridrank.metrics.list_metrics import ListMetrics
+from hybridrank.models.optim import SPARSE_MIN_ELEMENTS
 from hybridrank.models.position import position_obstacle, resolve_tower
 from hybridrank.models.regularisation import EMBEDDING_L2_MODES, embedding_penalty, frequency_penalty, row_weights
 from hybridrank.models.scorers import column_tables, shift_click_logit
@@ -144,9 +145,10 @@ class HybridRanker(pl.LightningModule):
             (:func:`~hybridrank.models.scorers.column_tables`) give sparse gradients when the
             optimizer updates rows lazily (:class:`~hybridrank.models.optim.LazyAdam`, the presets
             in ``conf/optimizer``) on one device (not under DDP, even with one process) without
-            gradient clipping, so a step reads and
-            writes only the rows its batch uses; dense otherwise. ``true``: insist (an error
-            saying why not); ``false``: dense gradients always.
+            gradient clipping, so a step reads and writes only the rows its batch uses; tables of
+            fewer than :data:`~hybridrank.models.optim.SPARSE_MIN_ELEMENTS` weights stay dense
+            (their dense step is cheaper). ``true``: every table sparse (an error saying why
+            not, where it cannot be); ``false``: dense gradients always.
 
     Built from configs (as ``hybridrank-train`` does), a checkpoint is self-contained:
     ``HybridRanker.load_from_checkpoint(path)``. Parts given as Python objects are not stored;
@@ -669,7 +671,9 @@ class HybridRanker(pl.LightningModule):
         sparse = self.sparse_tables is not False and why is None
         for tables in column_tables(self.scorer):
             for t in tables:
-                t.sparse = sparse
+                # auto: the tables large enough for the lazy step to cost less than a dense one
+                t.sparse = sparse and (self.sparse_tables is True
+                                       or t.weight.numel() >= SPARSE_MIN_ELEMENTS)
 
     def configure_optimizers(self):
         factory: Callable[..., torch.optim.Optimizer] = (
