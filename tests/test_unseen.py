@@ -103,7 +103,7 @@ def test_draws_follow_the_probabilities_one_per_request_and_leave_other_columns(
         drop_unseen(cat, [probs])
 
 
-def _sources(tmp_path):
+def _sources(tmp_path, vocab=None):
     df = simulate_clicklog(n_users=80, seed=4)
     folder = tmp_path / "parts"
     folder.mkdir()
@@ -111,7 +111,7 @@ def _sources(tmp_path):
         part.write_parquet(folder / f"p{k % 3}_{k}.parquet")
     cols = SIM_COLUMNS_MAP.to_dict()
     split = {"by": "hash", "key": "request", "val": 0.1, "test": 0.1, "seed": 0}
-    vocab = {"hash_buckets": {"item_category": 8}}
+    vocab = vocab or {"hash_buckets": {"item_category": 8}}
     whole = ClickLogSource(str(folder / "*.parquet"), cols, split=split, vocab=vocab)
     streamed = StreamingClickLogSource(str(folder / "*.parquet"), cols, split=split, vocab=vocab,
                                        chunk_rows=700)
@@ -119,11 +119,31 @@ def _sources(tmp_path):
 
 
 @pytest.mark.slow
-def test_value_counts_count_requests_per_code_in_memory_and_streamed(tmp_path):
-    whole, streamed = _sources(tmp_path)
+@pytest.mark.parametrize("vocab,tallied", [
+    (None, True),                                                    # every value in the vocabulary
+    ({"hash_buckets": {"item_category": 8}, "columns": {"user_id": {"min_count": 40}}}, True),
+    ({"hash_buckets": {"item_category": 8}, "columns": {"item_id": {"min_count": 40}}}, False),
+])
+def test_value_counts_count_requests_per_code_in_memory_and_streamed(tmp_path, monkeypatch, vocab, tallied):
+    """The brute-force count of requests per code, in memory and streamed. A streamed source
+    tallies the values during its schema pass and reads no training chunk again for the counts,
+    unless a column holding several values per request (an item) drops some to code 0 (then the
+    pass is made); a user column dropping values is tallied exactly."""
+    whole, streamed = _sources(tmp_path, vocab)
     assert len(streamed.layout()) > 3
     a, b = ListDataModule(whole, budget=512), ListDataModule(streamed, budget=512)
-    ca, cb = a.value_counts(), b.value_counts()
+    b.model_data()
+    reads = []
+    real = type(streamed).read_chunk
+
+    def counted(self, chunk, split):
+        reads.append(split)
+        return real(self, chunk, split)
+
+    monkeypatch.setattr(type(streamed), "read_chunk", counted)
+    cb = b.value_counts()
+    assert ("train" in reads) is not tallied, reads
+    ca = a.value_counts()
     schema = a.schema
     assert set(ca) == {"user_id", "item_id"}  # the hashed column has no vocabulary
     for name in ca:

@@ -9,11 +9,13 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
+import polars
 import pytorch_lightning as pl
 import torch
 from torch.utils.data import DataLoader
 
 from hybridrank.data.period_levels import PeriodCheck, check_periods
+from hybridrank.data.readers import ColumnMap, request_key_expr
 from hybridrank.data.sampler import POOLING_SCOPES, negative_counts
 from hybridrank.data.source import Source, Splits
 from hybridrank.data.sources import SplitsSource
@@ -164,6 +166,7 @@ class ListDataModule(pl.LightningDataModule):
         self.period_check: PeriodCheck | None = None
         self.split_rows: dict[str, int] | None = None
         self.split_requests: dict[str, int] | None = None
+        self._tally: RequestValueTally | None = None
         if splits is not None:  # fail now, not in the middle of the first epoch
             self.model_data()
 
@@ -195,7 +198,12 @@ class ListDataModule(pl.LightningDataModule):
                 counts[0] += neg
                 counts[1] += kept
 
-            stats = self.source.scan(on_train=count)
+            # a several-chunk source: which requests hold which value, tallied during this pass,
+            # so that value_counts() needs no second pass over the training rows
+            tally = (RequestValueTally(self.source.columns)
+                     if self.source.columns.categorical and not self.source.one_chunk else None)
+            stats = self.source.scan(on_train=count, on_train_frame=tally.add if tally else None)
+            self._tally = tally if stats.get("complete", True) else None
             self.source.check_splits(SPLITS)
             self._check_periods()
             rows, pos = stats["train"]["rows"], stats["train"]["positives"]
@@ -237,6 +245,11 @@ class ListDataModule(pl.LightningDataModule):
             schema = self.schema
             cols = [(j, c, v) for j, (c, v) in enumerate(zip(schema.categorical, schema.vocab_sizes,
                                                               strict=True)) if c in schema.vocab]
+            tallied = self._tally.counts(schema) if self._tally is not None else None
+            self._tally = None
+            if tallied is not None:
+                self._value_counts = tallied
+                return tallied
             counts = {c: np.zeros(v + 1, dtype=np.int64) for _, c, v in cols}
             for part in (self.eval_chunks("train") if cols else ()):
                 request = part.request_of_row().numpy()
@@ -362,6 +375,65 @@ class ListDataModule(pl.LightningDataModule):
 
     def test_dataloader(self) -> DataLoader:
         return self.eval_dataloader("test")
+
+
+class RequestValueTally:
+    """How many training requests hold each value of each categorical column, gathered chunk by
+    chunk during the schema's pass over a several-chunk source (chunks hold whole requests, so the
+    per-chunk counts add up), for :meth:`ListDataModule.value_counts` without a second pass.
+
+    The values are tallied before any vocabulary exists; :meth:`counts` maps them to codes. That
+    is exact unless two distinct values of one request both land on code 0 (out of vocabulary),
+    where the code-0 count would take that request twice: it cannot happen when every tallied
+    value is in the vocabulary (missing values count as one value) or when the column holds one
+    value per request (a user); otherwise :meth:`counts` returns None and the caller makes the pass.
+    """
+
+    _COMPACT = 32  # per-chunk tables merged every this many chunks (bounded memory)
+
+    def __init__(self, columns: ColumnMap):
+        self.key = request_key_expr(columns)
+        self.columns = list(columns.categorical)
+        self.tables: dict[str, list[polars.DataFrame]] = {c: [] for c in self.columns}
+        self.one_per_request = dict.fromkeys(self.columns, True)
+        self.absent: set[str] = set()
+
+    def add(self, frame: polars.DataFrame) -> None:
+        """Add a chunk's validated training frame (whole requests)."""
+        here = [c for c in self.columns if c in frame.columns]
+        self.absent.update(c for c in self.columns if c not in frame.columns)   # derived later
+        req = frame.select(self.key.alias("__r"), *[polars.col(c).cast(polars.String) for c in here])
+        n_req = req["__r"].n_unique()
+        for c in here:
+            pairs = req.select("__r", c).unique()
+            if pairs.height != n_req:
+                self.one_per_request[c] = False
+            parts = self.tables[c]
+            parts.append(pairs.group_by(c).agg(polars.len().cast(polars.Int64).alias("n")))
+            if len(parts) >= self._COMPACT:
+                self.tables[c] = [self._merged(parts)]
+
+    @staticmethod
+    def _merged(parts: list[polars.DataFrame]) -> polars.DataFrame:
+        t = polars.concat(parts)
+        return t.group_by(t.columns[0]).agg(polars.col("n").sum())
+
+    def counts(self, schema) -> dict[str, np.ndarray] | None:
+        """``{column: [V + 1] int64}`` for the schema's vocabulary columns, as
+        :meth:`ListDataModule.value_counts` defines them; None where the tally cannot be exact."""
+        out = {}
+        for c, v in zip(schema.categorical, schema.vocab_sizes, strict=True):
+            if c not in schema.vocab:
+                continue
+            if c not in self.tables or c in self.absent:
+                return None
+            t = self._merged(self.tables[c]) if self.tables[c] else polars.DataFrame(
+                {c: polars.Series([], dtype=polars.String), "n": polars.Series([], dtype=polars.Int64)})
+            codes = schema._vocab_index(c).codes(t[c])
+            if not self.one_per_request[c] and bool(((codes == 0) & t[c].is_not_null().to_numpy()).any()):
+                return None
+            out[c] = np.bincount(codes, weights=t["n"].to_numpy(), minlength=v + 1).astype(np.int64)
+        return out
 
 
 def _identity(batch):

@@ -269,11 +269,13 @@ class Source(abc.ABC):
         self.scan()
         return self._schema
 
-    def scan(self, on_train: Callable[[ListData], None] | None = None) -> dict[str, dict]:
+    def scan(self, on_train: Callable[[ListData], None] | None = None,
+             on_train_frame: Callable[[pl.DataFrame], None] | None = None) -> dict[str, dict]:
         """One pass over the chunks: validate and split each, fit the schema on the training rows
         (unless given) and hand each chunk's training requests to ``on_train`` (a
         :class:`ListData`; without features when the chunk is not transformed yet:
-        :func:`~hybridrank.data.schema.request_lists`).
+        :func:`~hybridrank.data.schema.request_lists`) and, where the pass reads it, the chunk's
+        validated training frame to ``on_train_frame``.
 
         With ``fit_rows`` the pass stops after the chunk that reaches that many training rows
         (``stats["complete"]`` is then False). Logs the rows, requests, mean label and label counts
@@ -302,6 +304,8 @@ class Source(abc.ABC):
             for s in SPLITS:
                 _count_split(stats[s], parts.get(s), have.get(s), self.columns)
             requests = have.get("train")
+            if on_train_frame is not None and "train" not in have and parts["train"].height:
+                on_train_frame(parts["train"])
             if "train" not in have and parts["train"].height:
                 if fit is not None:
                     fit.update(parts["train"])

@@ -12,15 +12,20 @@ to the rows the gradient holds ("lazy" Adam, as TensorFlow Addons' ``LazyAdam`` 
 ``SparseAdam``): each held row's moments and value take one Adam step, with the parameter's step
 count for the bias corrections; every other row, and its moments, stay as they are.
 :class:`~hybridrank.models.ranker.HybridRanker` switches its scorer's id tables to sparse gradients
-when its optimizer is a ``LazyAdam`` (one process, no gradient clipping: ``sparse_tables``), so
-only the rows a batch uses are read and written. With every row in every batch the two are the
+when its optimizer is a ``LazyAdam`` (one device, no gradient clipping, tables of at least
+:data:`SPARSE_MIN_ELEMENTS` weights: ``sparse_tables``), so only the rows a batch uses are read and
+written. With every row in every batch the two are the
 same update (tested against ``torch.optim.Adam`` / ``AdamW``), and on random batches it is
 ``SparseAdam``'s rule (tested; ``SparseAdam`` adds ``eps`` before the bias correction, Adam and
 this class after it).
 
-The sparse update has a fixed shape given the batch (a sort, a segment sum and indexed writes):
-no count travels from an accelerator to the host, so a CUDA step does not wait. A row used several
-times in a batch gets its summed gradient once (every duplicate writes the same bits).
+Adam: Kingma & Ba 2015, "Adam: A Method for Stochastic Optimization" (the bias-corrected moments
+used here); AdamW's decoupled decay: Loshchilov & Hutter 2019. On the CPU the lazy step coalesces
+the gradient (one read and one write per distinct row). On an accelerator the update has a fixed
+shape given the batch (a sort, a segment sum and indexed writes): no count travels to the host,
+so a CUDA step does not wait; a row used several times in a batch gets its summed gradient once
+(every duplicate writes the same bits). The accelerator path is tested on the CPU (forced), not
+yet on a GPU.
 """
 
 from __future__ import annotations
