@@ -402,20 +402,21 @@ class RequestValueTally:
         """Add a chunk's validated training frame (whole requests)."""
         here = [c for c in self.columns if c in frame.columns]
         self.absent.update(c for c in self.columns if c not in frame.columns)   # derived later
-        req = frame.select(self.key.alias("__r"), *[polars.col(c).cast(polars.String) for c in here])
+        req = frame.select(self.key.alias("__r"), *here)   # values as read: codes() maps them later
         n_req = req["__r"].n_unique()
         for c in here:
-            pairs = req.select("__r", c).unique()
-            if pairs.height != n_req:
+            # per value, the requests holding it; they sum to the (request, value) pairs
+            counts = req.group_by(c).agg(polars.col("__r").n_unique().cast(polars.Int64).alias("n"))
+            if int(counts["n"].sum()) != n_req:
                 self.one_per_request[c] = False
             parts = self.tables[c]
-            parts.append(pairs.group_by(c).agg(polars.len().cast(polars.Int64).alias("n")))
+            parts.append(counts)
             if len(parts) >= self._COMPACT:
                 self.tables[c] = [self._merged(parts)]
 
     @staticmethod
     def _merged(parts: list[polars.DataFrame]) -> polars.DataFrame:
-        t = polars.concat(parts)
+        t = polars.concat(parts, how="vertical_relaxed")
         return t.group_by(t.columns[0]).agg(polars.col("n").sum())
 
     def counts(self, schema) -> dict[str, np.ndarray] | None:
