@@ -200,8 +200,10 @@ class ListDataModule(pl.LightningDataModule):
 
             # a several-chunk source: which requests hold which value, tallied during this pass,
             # so that value_counts() needs no second pass over the training rows
-            tally = (RequestValueTally(self.source.columns)
-                     if self.source.columns.categorical and not self.source.one_chunk else None)
+            tally = None
+            if not self.source.one_chunk:  # (the layout first: some sources learn their columns there)
+                columns = self.source.columns_for_fit()
+                tally = RequestValueTally(columns) if columns.categorical else None
             stats = self.source.scan(on_train=count, on_train_frame=tally.add if tally else None)
             self._tally = tally if stats.get("complete", True) else None
             self.source.check_splits(SPLITS)
