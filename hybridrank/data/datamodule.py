@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import numpy as np
@@ -203,7 +203,9 @@ class ListDataModule(pl.LightningDataModule):
             tally = None
             if not self.source.one_chunk:  # (the layout first: some sources learn their columns there)
                 columns = self.source.columns_for_fit()
-                tally = RequestValueTally(columns) if columns.categorical else None
+                hashed = {c for c, p in (self.source.vocab or {}).items() if p.hashed}
+                if set(columns.categorical) - hashed:
+                    tally = RequestValueTally(columns, skip=hashed)
             stats = self.source.scan(on_train=count, on_train_frame=tally.add if tally else None)
             self._tally = tally if stats.get("complete", True) else None
             self.source.check_splits(SPLITS)
@@ -391,11 +393,11 @@ class RequestValueTally:
     value per request (a user); otherwise :meth:`counts` returns None and the caller makes the pass.
     """
 
-    _COMPACT = 32  # per-chunk tables merged every this many chunks (bounded memory)
+    _COMPACT = 8  # per-chunk tables merged every this many chunks (bounded memory)
 
-    def __init__(self, columns: ColumnMap):
+    def __init__(self, columns: ColumnMap, skip: Iterable[str] = ()):
         self.key = request_key_expr(columns)
-        self.columns = list(columns.categorical)
+        self.columns = [c for c in columns.categorical if c not in set(skip)]   # skip: hashed ones
         self.tables: dict[str, list[polars.DataFrame]] = {c: [] for c in self.columns}
         self.one_per_request = dict.fromkeys(self.columns, True)
         self.absent: set[str] = set()
