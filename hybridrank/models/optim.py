@@ -66,52 +66,40 @@ def lazy_adam_rows(param: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Tenso
     if grad.sparse_dim() != 1:
         raise ValueError(f"lazy_adam_rows: a gradient with one sparse dimension (the rows), got "
                          f"{grad.sparse_dim()}")
-    if free_to_read(param):
+    host = free_to_read(param)
+    if host:
         # the host sees the rows for free (a CPU table): coalesce, then one read and one write
         # per distinct row
         grad = grad.coalesce()
         rows, g = grad._indices()[0], grad._values().to(param.dtype)
-        if rows.numel() == 0:
-            return
-        w = param.index_select(0, rows)
-        if weight_decay and not decoupled:
-            g = g.add(w, alpha=weight_decay)
-        m = exp_avg.index_select(0, rows).mul_(beta1).add_(g, alpha=1 - beta1)
-        v = exp_avg_sq.index_select(0, rows).mul_(beta2).addcmul_(g, g, value=1 - beta2)
-        step = torch.as_tensor(step, dtype=torch.float64)
-        denom = (v.sqrt() / (1 - beta2 ** step).sqrt()).add_(eps)
-        if weight_decay and decoupled:
-            w.mul_(1 - lr * weight_decay)
-        w.sub_((lr / (1 - beta1 ** step)) * (m / denom))
-        exp_avg.index_copy_(0, rows, m)
-        exp_avg_sq.index_copy_(0, rows, v)
-        param.index_copy_(0, rows, w)
+    else:
+        # an accelerator's table: a fixed shape given the batch, so that no count of distinct
+        # rows travels to the host; each occurrence takes its row's summed gradient and computes
+        # its row's update, duplicates writing the same bits
+        idx, val = grad._indices()[0], grad._values()
+        order = torch.argsort(idx, stable=True)
+        rows, val = idx[order], val[order].to(param.dtype)
+        first = torch.ones_like(rows, dtype=torch.bool)
+        first[1:] = rows[1:] != rows[:-1]
+        seg = torch.cumsum(first, 0) - 1
+        g = torch.zeros_like(val).index_add_(0, seg, val)[seg]
+    if rows.numel() == 0:
         return
-    # an accelerator's table: a fixed shape given the batch, so that no count of distinct rows
-    # travels to the host; each occurrence computes its row's update, duplicates write the same
-    idx, val = grad._indices()[0], grad._values()
-    if idx.numel() == 0:
-        return
-    order = torch.argsort(idx, stable=True)
-    rows, val = idx[order], val[order].to(param.dtype)
-    first = torch.ones_like(rows, dtype=torch.bool)
-    first[1:] = rows[1:] != rows[:-1]
-    seg = torch.cumsum(first, 0) - 1
-    g = torch.zeros_like(val).index_add_(0, seg, val)[seg]   # each occurrence: its row's sum
-    w = param[rows]
+    w = param.index_select(0, rows)
     if weight_decay and not decoupled:
         g = g.add(w, alpha=weight_decay)
-    m = exp_avg[rows].mul_(beta1).add_(g, alpha=1 - beta1)
-    v = exp_avg_sq[rows].mul_(beta2).addcmul_(g, g, value=1 - beta2)
+    m = exp_avg.index_select(0, rows).mul_(beta1).add_(g, alpha=1 - beta1)
+    v = exp_avg_sq.index_select(0, rows).mul_(beta2).addcmul_(g, g, value=1 - beta2)
     step = torch.as_tensor(step, dtype=torch.float64)
-    bias1, bias2 = 1 - beta1 ** step, 1 - beta2 ** step
-    denom = (v.sqrt() / bias2.sqrt()).add_(eps)
+    denom = (v.sqrt() / (1 - beta2 ** step).sqrt()).add_(eps)
     if weight_decay and decoupled:
-        w = w.mul(1 - lr * weight_decay)
-    w = w - (lr / bias1) * (m / denom)
-    exp_avg[rows] = m
-    exp_avg_sq[rows] = v
-    param[rows] = w
+        w.mul_(1 - lr * weight_decay)
+    w.sub_((lr / (1 - beta1 ** step)) * (m / denom))
+    for table, new in ((exp_avg, m), (exp_avg_sq, v), (param, w)):
+        if host:
+            table.index_copy_(0, rows, new)   # distinct rows
+        else:
+            table[rows] = new                 # repeated rows write equal values
 
 
 class LazyAdam(torch.optim.Adam):
