@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 __all__ = ["DEBUG_ENV", "cli_errors", "user_message", "hydra_job", "discard_failed_run",
-           "quiet_third_party", "abort"]
+           "quiet_third_party", "abort", "note_process_start", "take_process_start"]
 
 DEBUG_ENV = "HYBRIDRANK_DEBUG"
 #: set in the environment while a console script hands hydra's errors to us (so that a child
@@ -37,6 +37,19 @@ DEBUG_ENV = "HYBRIDRANK_DEBUG"
 _OURS = "_HYBRIDRANK_CLI_ERRORS"
 EXIT_USER_ERROR = 2
 T = TypeVar("T")
+_process_start: list[float] = []  # time.perf_counter() when a console script's process started
+
+
+def note_process_start(started: float) -> None:
+    """Record when this console script's process started (``hybridrank.cli.console``)."""
+    _process_start[:] = [started]
+
+
+def take_process_start() -> float | None:
+    """The start noted by the console script, once: the first run of the process (under a sweep,
+    the first trial) is the one that paid for the imports and the config; later calls, and runs
+    called in-process by other programs, get ``None``."""
+    return _process_start.pop() if _process_start else None
 
 
 def debug_requested() -> bool:

@@ -16,7 +16,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from hybridrank.atomic import write_json, write_text
-from hybridrank.cli._app import cli_errors, drop_adverts, hydra_job, quiet_third_party
+from hybridrank.cli._app import cli_errors, drop_adverts, hydra_job, quiet_third_party, take_process_start
 from hybridrank.cli.callbacks import CSVHistoryLogger, EpochProgressBar, RunClock, ValHistory
 from hybridrank.evaluation.figures import CHUNK_ROWS, TABLE_COLUMNS, final_figures
 from hybridrank.evaluation.tables import format_offsets, format_table
@@ -101,7 +101,10 @@ def train(cfg: DictConfig, *, splits=None) -> dict[str, Any]:
     metrics without training (``already_finished: True``).
     """
     t0 = time.perf_counter()
-    clock: dict[str, float] = {}  # where the time went: read, fit, evaluate, intervals
+    clock: dict[str, float] = {}  # where the time went: start, read, fit, evaluate, intervals
+    started = take_process_start()  # a console script's: imports and config before this call
+    if started is not None:
+        clock["start"] = t0 - started
     check_devices(cfg.trainer)
     out_dir = Path(cfg.paths.output_dir)
     ckpt_path = resume_checkpoint(cfg, out_dir)
@@ -174,8 +177,8 @@ def train(cfg: DictConfig, *, splits=None) -> dict[str, Any]:
             raise ValueError(f"optimized_metric={name!r} was not computed; {stage} metrics are "
                              f"{sorted(result.get(stage, {}))}")
         result["optimized_metric"] = result[stage][name]
-    result["seconds"] = time.perf_counter() - t0
-    result["time"] = {k: clock[k] for k in ("read", "fit", "training", "validation", "evaluate",
+    result["seconds"] = time.perf_counter() - (t0 if started is None else started)
+    result["time"] = {k: clock[k] for k in ("start", "read", "fit", "training", "validation", "evaluate",
                                             "intervals") if k in clock}
     result["is_global_zero"] = trainer.is_global_zero
     if trainer.is_global_zero:
@@ -188,14 +191,14 @@ RESUME_CONFIG = "resume_config.yaml"
 
 
 def time_line(result: Mapping[str, Any]) -> str:
-    """Where a run's wall time went, in one line: reading the data (and fitting the schema),
-    the fit (training batches, validation, the rest: setup, checkpoints), evaluating the kept
-    model on the test split (with the position tower's refit and the level trend), and the
-    bootstrap intervals.
+    """Where a run's wall time went, in one line: starting (a console script's imports and
+    config, from the process's start), reading the data (and fitting the schema), the fit
+    (training batches, validation, the rest: setup, checkpoints), evaluating the kept model on the
+    test split (with the position tower's refit and the level trend), and the bootstrap intervals.
 
-    >>> time_line({"seconds": 10.0, "time": {"read": 1.0, "fit": 7.0, "training": 5.5,
+    >>> time_line({"seconds": 14.0, "time": {"start": 4.0, "read": 1.0, "fit": 7.0, "training": 5.5,
     ...            "validation": 1.0, "evaluate": 1.5, "intervals": 0.5}})
-    'wall time: 10.0 s = read 1.0 + fit 7.0 (training 5.5, validation 1.0) + evaluate 1.5 + intervals 0.5 s'
+    'wall time: 14.0 s = start 4.0 + read 1.0 + fit 7.0 (training 5.5, validation 1.0) + evaluate 1.5 + intervals 0.5 s'
     """
     t = result.get("time") or {}
     if not t:
@@ -203,7 +206,8 @@ def time_line(result: Mapping[str, Any]) -> str:
     fit = f"fit {t['fit']:.1f}"
     if "training" in t:
         fit += f" (training {t['training']:.1f}, validation {t.get('validation', 0.0):.1f})"
-    parts = [f"read {t['read']:.1f}", fit] + [f"{k} {t[k]:.1f}" for k in ("evaluate", "intervals")
+    parts = [f"start {t['start']:.1f}"] if "start" in t else []
+    parts += [f"read {t['read']:.1f}", fit] + [f"{k} {t[k]:.1f}" for k in ("evaluate", "intervals")
                                                 if k in t]
     return f"wall time: {result['seconds']:.1f} s = " + " + ".join(parts) + " s"
 
