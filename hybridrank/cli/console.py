@@ -5,7 +5,8 @@ Ending it: the ``atexit`` handlers run (logging's, which flushes and closes the 
 coverage's, ...), stdout and stderr are flushed, and the process exits with ``os._exit``, without
 the interpreter's teardown. That teardown frees every object of torch, Lightning and the run one
 at a time, to no one's benefit (the operating system takes a process's memory back at once):
-measured on 2 cores, ~1.2 s after any command and ~4.7 s after a 3.24M-impression training run.
+measured on 2 cores, ~1.2 s after any command and 2-3 s after a one-epoch training run on
+3.24M impressions.
 A command that fails (an exception, ``SystemExit``) or leaves a thread of its own running ends
 the ordinary way.
 
