@@ -74,3 +74,24 @@ def test_time_line_names_the_start_when_known(with_start):
     line = time_line({"seconds": 9.5 + 4.0 * with_start, "time": t})
     assert line.startswith("wall time: 13.5 s = start 4.0 + read 1.0" if with_start
                            else "wall time: 9.5 s = read 1.0")
+
+
+def test_every_console_script_goes_through_the_wrappers():
+    """pyproject's scripts point at hybridrank.cli.console, whose wrappers name commands that exist."""
+    import importlib
+    import inspect
+    import re
+    import tomllib
+
+    from hybridrank.cli import console
+
+    root = Path(__file__).resolve().parents[1]
+    scripts = tomllib.loads((root / "pyproject.toml").read_text())["project"]["scripts"]
+    assert scripts, "no console scripts declared"
+    for name, target in scripts.items():
+        module, func = target.split(":")
+        assert module == "hybridrank.cli.console", f"{name} -> {target} skips the wrapper"
+        wrapper = getattr(console, func)
+        called = re.search(r'_run\("([\w.]+)", "(\w+)"\)', inspect.getsource(wrapper))
+        assert called, f"{name}: {func} does not call _run"
+        assert callable(getattr(importlib.import_module(called.group(1)), called.group(2)))
