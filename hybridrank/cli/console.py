@@ -27,6 +27,7 @@ import importlib  # noqa: E402
 import os  # noqa: E402
 import sys  # noqa: E402
 import threading  # noqa: E402
+from collections.abc import Callable  # noqa: E402
 
 from hybridrank.cli import _app  # noqa: E402  (the standard library only: cheap)
 
@@ -56,36 +57,21 @@ def _run(module: str, name: str) -> None:
     sys.exit(code)
 
 
-def train() -> None:
-    """``hybridrank-train``"""
-    _run("hybridrank.cli.train", "train_main")
+def _script(prog: str, module: str, name: str) -> Callable[[], None]:
+    """The entry point of ``prog``: runs ``module.name`` (imported only then) through :func:`_run`."""
+    def script() -> None:
+        _run(module, name)
+
+    script.__name__ = script.__qualname__ = prog.removeprefix("hybridrank-")
+    script.__doc__ = f"``{prog}``: ``{module}.{name}``, then the process ends."
+    script.command = (module, name)  # type: ignore[attr-defined]
+    return script
 
 
-def resume() -> None:
-    """``hybridrank-resume``"""
-    _run("hybridrank.cli.train", "resume_main")
-
-
-def simulate() -> None:
-    """``hybridrank-simulate``"""
-    _run("hybridrank.cli.simulate", "main")
-
-
-def export() -> None:
-    """``hybridrank-export``"""
-    _run("hybridrank.cli.export", "export_main")
-
-
-def evaluate() -> None:
-    """``hybridrank-eval``"""
-    _run("hybridrank.cli.export", "eval_main")
-
-
-def auction() -> None:
-    """``hybridrank-auction``"""
-    _run("hybridrank.cli.auction", "main")
-
-
-def compare() -> None:
-    """``hybridrank-compare``"""
-    _run("hybridrank.cli.compare", "main")
+train = _script("hybridrank-train", "hybridrank.cli.train", "train_main")
+resume = _script("hybridrank-resume", "hybridrank.cli.train", "resume_main")
+simulate = _script("hybridrank-simulate", "hybridrank.cli.simulate", "main")
+export = _script("hybridrank-export", "hybridrank.cli.export", "export_main")
+evaluate = _script("hybridrank-eval", "hybridrank.cli.export", "eval_main")
+auction = _script("hybridrank-auction", "hybridrank.cli.auction", "main")
+compare = _script("hybridrank-compare", "hybridrank.cli.compare", "main")
