@@ -199,3 +199,24 @@ def test_the_ranker_gives_its_tables_sparse_gradients_only_where_they_can_be_use
         insist.configure_optimizers()
     with pytest.raises(ValueError, match="sparse_tables must be"):
         ranker(None, sparse="yes")
+
+
+def test_ranker_hook_name_fast_path_keeps_module_semantics():
+    """HybridRanker stores Lightning's running-hook name without nn.Module's checks; everything
+    else still goes through them (parameters, buffers, submodules register as before)."""
+    from hybridrank.losses import HybridLoss
+    from hybridrank.models.ranker import HybridRanker
+    from hybridrank.models.scorers import FMScorer
+
+    m = HybridRanker(FMScorer(2, [5, 3], emb_dim=4), loss=HybridLoss())
+    m._current_fx_name = "training_step"
+    assert m._current_fx_name == "training_step" and "_current_fx_name" not in dict(m.named_parameters())
+    m._current_fx_name = None
+    assert m._current_fx_name is None
+    n_params = len(list(m.parameters()))
+    m.extra = torch.nn.Linear(2, 1)                          # a submodule still registers
+    m.bias_extra = torch.nn.Parameter(torch.zeros(1))        # and a parameter
+    m.register_buffer("buf", torch.ones(1))
+    m.buf = torch.zeros(1)                                   # a buffer assignment stays a buffer
+    assert len(list(m.parameters())) == n_params + 3 and "extra" in dict(m.named_modules())
+    assert "buf" in dict(m.named_buffers()) and float(m.buf) == 0.0
