@@ -69,13 +69,22 @@ LGBM = "lgbm"
 GRID = [{"l2": l2, "lr": lr} for l2 in (1e-4, 1e-2, 0.1, 0.3, 1.0) for lr in (1e-3, 3e-3)]
 
 
+#: the item of a ``--variant`` that lists the position among the numeric features (not an override)
+POSITION_FEATURE = "position=feature"
+
+
 def parse_variant(text: str) -> tuple[str, tuple[list[str], bool]]:
     """``NAME=OVERRIDE;OVERRIDE`` (``;`` separates overrides, which may hold commas): a variant of
-    the shipped click-log run, position not a feature."""
+    the shipped click-log run, position not a feature unless an item reads ``position=feature``.
+
+    >>> parse_variant("mlp_f=loss=bce;position=feature")
+    ('mlp_f', (['loss=bce'], True))
+    """
     name, sep, rest = text.partition("=")
     if not sep or not name:
         raise argparse.ArgumentTypeError(f"--variant: expected NAME=OVERRIDE;OVERRIDE, got {text!r}")
-    return name, ([o for o in rest.split(";") if o], False)
+    items = [o for o in rest.split(";") if o]
+    return name, ([o for o in items if o != POSITION_FEATURE], POSITION_FEATURE in items)
 
 
 def _clicklog_split() -> dict[str, Any]:
@@ -395,12 +404,17 @@ def evaluate_run(w: PreparedWorld, name: str, run: Mapping[str, Any], position_f
     return row
 
 
-def load_test_split(w: PreparedWorld) -> tuple[Any, np.ndarray]:
-    """The world's ``Splits`` as the runs load them (position not a feature), and for each row of
-    ``w.test`` its row in the loaded test split (matched on request and item)."""
+def load_test_split(w: PreparedWorld, position_feature: bool = False) -> tuple[Any, np.ndarray]:
+    """The world's ``Splits`` as the runs load them (the position a feature or not), and for each
+    row of ``w.test`` its row in the loaded test split (matched on request and item)."""
+    splits = load_splits(world_overrides(w.world, w.dir / "log.parquet", position_feature))
+    return splits, test_order(w, splits.test)
+
+
+def test_order(w: PreparedWorld, test) -> np.ndarray:
+    """For each row of ``w.test``, its row in ``test`` (``ListData`` of the same rows in storage
+    order), matched on request and item."""
     cols = w.world.columns
-    splits = load_splits(world_overrides(w.world, w.dir / "log.parquet", False))
-    test = splits.test
     keys = pl.DataFrame({"r": np.repeat(np.asarray(test.request_key), test.lengths.numpy()),
                          "i": np.asarray(test.item_key)}).with_row_index("k")
     frame = w.test.select(pl.col(cols["request"]).alias("r"), pl.col(cols["item"]).alias("i"))
@@ -408,7 +422,7 @@ def load_test_split(w: PreparedWorld) -> tuple[Any, np.ndarray]:
     order = frame.join(keys, on=["r", "i"], how="left", maintain_order="left")["k"]
     if order.null_count() or len(order) != test.n_impressions:
         raise RuntimeError(f"world {w.world.spec.seed}: the loaded test split does not match the test rows")
-    return splits, order.to_numpy()
+    return order.to_numpy()
 
 
 def model_row(w: PreparedWorld, name: str, run: Mapping[str, Any], splits, order: np.ndarray) -> dict[str, Any]:
@@ -420,7 +434,13 @@ def model_row(w: PreparedWorld, name: str, run: Mapping[str, Any], splits, order
     model = kept_model(result)
     tower = model.position_bias is not None
     logged = sigmoid(model.predict_split(splits.test, at_logged_position=tower)[0].double().numpy())[order]
-    ref = sigmoid(model.predict_split(splits.test)[0].double().numpy())[order]
+    if model.schema is not None and w.world.columns["position"] in model.schema.columns.numeric:
+        # the position is a feature: its reference-slot score reads the test rows at slot 1, as
+        # LightGBM's row does (test_slot1.parquet: the same rows, every position 1)
+        at1 = model.schema.read(pl.read_parquet(w.dir / "test_slot1.parquet"), "test at slot 1")
+        ref = sigmoid(model.predict_split(at1)[0].double().numpy())[test_order(w, at1)]
+    else:
+        ref = sigmoid(model.predict_split(splits.test)[0].double().numpy())[order]
     return {"variant": name, **truth_figures(w, logged, ref, per_request=True), "tower": tower,
             "val_ll": float(result["val"]["val/logloss"]), **_training(run)}
 
@@ -474,10 +494,14 @@ def run_world(seed: int, variants: Mapping[str, tuple[list[str], bool]], work: P
     w = prepare_world(seed, work, size=size, family=family, pins=pins)
     trained = {v: spec for v, spec in variants.items() if v != LGBM}
     if score == "model":
-        splits, order = load_test_split(w)
-        runs = train_variants(w, trained, extra, splits=splits)
+        loaded, runs = {}, {}
+        for feature in (False, True):   # the position a feature or not: loaded the runs' way
+            group = {v: spec for v, spec in trained.items() if spec[1] == feature}
+            if group or (not feature and LGBM in variants):
+                loaded[feature] = load_test_split(w, feature)
+                runs.update(train_variants(w, group, extra, splits=loaded[feature][0]))
         t_train = time.perf_counter() - t0
-        rows = [lightgbm_row(w, splits, order) if v == LGBM else model_row(w, v, runs[v], splits, order)
+        rows = [lightgbm_row(w, *loaded[False]) if v == LGBM else model_row(w, v, runs[v], *loaded[variants[v][1]])
                 for v in variants]
     else:
         runs = train_variants(w, trained, extra)
@@ -493,15 +517,12 @@ def run_world(seed: int, variants: Mapping[str, tuple[list[str], bool]], work: P
 def resolve_variants(variants: Sequence[str] | Mapping[str, tuple[list[str], bool]],
                      score: str = "export") -> dict[str, tuple[list[str], bool]]:
     """``{name: (overrides, position as a feature?)}`` of names of :data:`VARIANTS` (or of such a
-    mapping), checked against ``score``: ``model`` scores models without position as a feature,
-    and only it scores the LightGBM variant."""
+    mapping), checked against ``score``: only ``model`` scores the LightGBM variant."""
     if not isinstance(variants, Mapping):
         unknown = [v for v in variants if v not in VARIANTS]
         if unknown:
             raise ValueError(f"unknown variants {unknown}; known: {sorted(VARIANTS)}")
         variants = {v: VARIANTS[v] for v in variants}
-    if score == "model" and (bad := [v for v, (_, feature) in variants.items() if feature]):
-        raise ValueError(f"score='model' scores models without position as a feature; not {bad}")
     if score != "model" and LGBM in variants:
         raise ValueError(f"the variant {LGBM} (LightGBM) is scored with score='model'")
     return dict(variants)
@@ -722,7 +743,8 @@ def parser() -> argparse.ArgumentParser:
                          "when --variant is given)")
     ap.add_argument("--variant", type=parse_variant, action="append", default=[], metavar="NAME=OVERRIDE;...",
                     help="a variant of the shipped click-log run with these overrides (repeatable); "
-                         f"{LGBM}= is LightGBM binary (--score model)")
+                         f"an item {POSITION_FEATURE} lists the position among the numeric features "
+                         f"(no tower); {LGBM}= is LightGBM binary (--score model)")
     ap.add_argument("--score", choices=("export", "model"), default="export",
                     help="export: the exported pCTR (calibrator, level trend, welfare); model: the kept "
                          "checkpoint alone, with per-request sums for paired comparisons")

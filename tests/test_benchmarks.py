@@ -449,3 +449,36 @@ def test_every_benchmark_has_a_documented_command_that_parses():
             parser.parse_args(args)
         except SystemExit as exc:
             pytest.fail(f"{where}: python -m benchmarks.{module} {rest.strip()}: arguments do not parse ({exc})")
+
+
+@pytest.mark.slow
+def test_model_scoring_of_a_position_feature_variant_reads_slot_one(tmp_path):
+    """``--score model`` of a variant with the position among the numeric features (``position=
+    feature``): at the logged slots it scores what ``hybridrank-export`` scores on the test rows,
+    and at the reference slot what the export scores on the same rows with every position 1."""
+    import polars as pl
+
+    from benchmarks import worlds as W
+    from benchmarks.common import xent
+
+    name, spec = W.parse_variant("mlp_f=loss=bce;trainer.max_epochs=1;position=feature")
+    assert spec == (["loss=bce", "trainer.max_epochs=1"], True)
+    [result] = W.run_family("base", [4001], {name: spec}, size="tiny", pins={"logging": "random"},
+                            score="model", reference=False, work=tmp_path)
+    row = {r["variant"]: r for r in result["rows"]}[name]
+    assert row["tower"] is False
+    w = W.prepare_world(4001, tmp_path / "again", size="tiny", pins={"logging": "random"})
+    cols = w.world.columns
+    ckpt = str(next((tmp_path / "world4001" / "runs" / name).rglob("*.ckpt")))
+    keys = w.test.select(pl.col(cols["request"]).alias("request_id"), pl.col(cols["item"]).alias("item_id"),
+                         "true_p", "true_p_ref")
+
+    def exported(path, out):
+        scores, _ = W.export_scores(ckpt, path, tmp_path / out, "none", "level_trend.mode=off")
+        return keys.join(scores, on=["request_id", "item_id"], how="left", maintain_order="left")["pctr"].to_numpy()
+
+    logged, at1 = exported(w.dir / "test.parquet", "s.parquet"), exported(w.dir / "test_slot1.parquet", "s1.parquet")
+    assert not np.allclose(logged, at1)             # the position moves a feature model's score
+    p_true = keys["true_p"].to_numpy()
+    assert row["excess"] == pytest.approx(float(np.mean(xent(logged, p_true) - xent(p_true, p_true))), rel=1e-4)
+    assert row["pcoc_ref"] == pytest.approx(float(at1.sum() / keys["true_p_ref"].sum()), rel=1e-4)
