@@ -92,3 +92,15 @@ def test_every_console_script_goes_through_the_wrappers():
         assert module == "hybridrank.cli.console", f"{name} -> {target} skips the wrapper"
         module_name, main = getattr(console, func).command
         assert callable(getattr(importlib.import_module(module_name), main)), f"{name}: {module_name}.{main}"
+
+
+def test_a_reader_that_leaves_is_not_an_error_of_the_run(tmp_path):
+    """``hybridrank-... | head``: the broken pipe reaches cli_errors as itself (exit 1, no error
+    message), not as a user error that would print one and discard the run's folder."""
+    from omegaconf import OmegaConf
+
+    def task(cfg):
+        raise BrokenPipeError(32, "Broken pipe")
+
+    with pytest.raises(BrokenPipeError):
+        _app.hydra_job(task)(OmegaConf.create({}))

@@ -236,6 +236,8 @@ def hydra_job(fn: Callable[..., T]) -> Callable[..., T]:
     def job(cfg, *args: Any, **kwargs: Any) -> T:
         try:
             return fn(cfg, *args, **kwargs)
+        except BrokenPipeError:  # the reader of stdout left (`... | head`): cli_errors' case
+            raise
         except Exception as exc:
             message = user_message(exc)
             if message is None:
