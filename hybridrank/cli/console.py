@@ -53,7 +53,8 @@ def end_process(code: int) -> None:
 def _run(module: str, name: str) -> None:
     _app.note_process_start(STARTED)
     code = getattr(importlib.import_module(module), name)()
-    end_process(code if isinstance(code, int) else 0)
+    if code is None or isinstance(code, int):  # anything else: sys.exit prints it, status 1
+        end_process(code or 0)
     sys.exit(code)
 
 
