@@ -207,15 +207,15 @@ class ListDataModule(pl.LightningDataModule):
                 if set(columns.categorical) - hashed:
                     tally = RequestValueTally(columns, skip=hashed)
             stats = self.source.scan(on_train=count, on_train_frame=tally.add if tally else None)
-            self._tally = tally if stats.get("complete", True) else None
+            complete = stats.get("complete", True)   # False: a partial pass (fit_rows)
+            self._tally = tally if complete else None
             self.source.check_splits(SPLITS)
             self._check_periods()
             rows, pos = stats["train"]["rows"], stats["train"]["positives"]
             #: impressions per split (None after a partial pass, ``fit_rows``)
-            self.split_rows = {s: int(stats[s]["rows"]) for s in SPLITS} if stats.get("complete", True) else None
+            self.split_rows = {s: int(stats[s]["rows"]) for s in SPLITS} if complete else None
             #: requests per split (None after a partial pass)
-            self.split_requests = ({s: int(stats[s]["requests"]) for s in SPLITS}
-                                   if stats.get("complete", True) else None)
+            self.split_requests = {s: int(stats[s]["requests"]) for s in SPLITS} if complete else None
             self._model_data = {
                 "schema": self.source.schema.to_dict(),
                 "base_rate": pos / rows if rows else None,
@@ -434,7 +434,7 @@ class RequestValueTally:
                 return None
             t = self._merged(self.tables[c]) if self.tables[c] else polars.DataFrame(
                 {c: polars.Series([], dtype=polars.String), "n": polars.Series([], dtype=polars.Int64)})
-            codes = schema._vocab_index(c).codes(t[c])
+            codes = schema.codes(c, t[c])
             if not self.one_per_request[c] and bool(((codes == 0) & t[c].is_not_null().to_numpy()).any()):
                 return None
             out[c] = np.bincount(codes, weights=t["n"].to_numpy(), minlength=v + 1).astype(np.int64)

@@ -104,6 +104,11 @@ class Schema:
             cache[column] = VocabIndex(self.vocab[column])
         return cache[column]
 
+    def codes(self, column: str, values: pl.Series) -> np.ndarray:
+        """The vocabulary codes of ``values`` of the non-hashed categorical ``column`` (0: not in
+        the vocabulary), as :meth:`transform` encodes them."""
+        return self._vocab_index(column).codes(values)
+
     @property
     def hashed(self) -> dict[str, int]:
         """``{column: buckets}`` of the hashed categoricals."""
@@ -229,7 +234,7 @@ class Schema:
                 oov[c] = int((hc == 0).sum())
                 codes.append(hc)
                 continue
-            code = self._vocab_index(c).codes(df[c])
+            code = self.codes(c, df[c])
             oov[c] = int((code == 0).sum())
             codes.append(code)
         cat = np.stack(codes, axis=1) if codes else np.zeros((n, 0), dtype=np.int64)
