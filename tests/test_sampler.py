@@ -83,6 +83,29 @@ def test_every_impression_once_groups_whole_budget_respected(data, scope, budget
     assert sorted(allrows.tolist()) == list(range(data.n_impressions))
 
 
+def test_an_epoch_whose_shuffle_cannot_be_shared_takes_an_order_that_packs():
+    """Two ranks, budget 17, requests of 6, 6, 12, 12, 12 rows: an order with the two 6s together
+    packs four batches, one with them apart five single-request batches that two ranks cannot
+    share. No epoch may fail in the middle of a run (the construction's order packed): every
+    epoch still gives both ranks the same number of batches and every row once."""
+    from hybridrank.data.sampler import pack
+
+    data = make_data([6, 6, 12, 12, 12])
+    sizes = np.array([6, 6, 12, 12, 12])
+    seed = next(k for k in range(100)   # a seed whose epoch 0 packs (construction) and a later one not
+                if len(pack(sizes[np.random.default_rng([k, 0]).permutation(5)], 17)) - 1 == 4
+                and any(len(pack(sizes[np.random.default_rng([k, e]).permutation(5)], 17)) - 1 == 5
+                        for e in range(1, 10)))
+    ranks = [GroupBatchSampler(data, budget=17, seed=seed, num_replicas=2, rank=r) for r in range(2)]
+    for epoch in range(10):
+        rows = []
+        for s in ranks:
+            s.set_epoch(epoch)
+            rows.append([int(i) for b in s for i in b])
+        assert len(list(ranks[0])) == len(list(ranks[1])) == 2
+        assert sorted(rows[0] + rows[1]) == [0, 1, 2, 3, 4]
+
+
 @given(datasets(), st.integers(0, 3))
 def test_deterministic_per_seed_and_epoch(data, epoch):
     a = GroupBatchSampler(data, budget=1000, scope="session", seed=3)

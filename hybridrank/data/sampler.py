@@ -168,6 +168,10 @@ def negative_counts(data: ListData, scope: str = "request", window: float | None
     return table.negatives()
 
 
+class _Indivisible(ValueError):
+    """The batches of a unit order cannot be shared equally by the ranks (every batch one unit)."""
+
+
 @dataclass(frozen=True)
 class EpochPlan:
     """The batches of one epoch for one rank: request indices, grouped by unit inside a batch."""
@@ -213,6 +217,7 @@ class GroupBatchSampler:
             raise ValueError(f"{self.n_units} {scope} unit(s) cannot be shared by "
                              f"{self.num_replicas} ranks: every rank needs at least one batch")
         self._plan: EpochPlan | None = None
+        self._packable: np.ndarray | None = None   # a unit order known to pack (see _make_plan)
         self.plan()  # surface packing errors now, not in the middle of an epoch
 
     @property
@@ -242,7 +247,20 @@ class GroupBatchSampler:
         else:
             perm = np.arange(n)
         sizes = self.effective_size[perm]
-        bounds = self._divisible_bounds(pack(sizes, self.budget).tolist())
+        try:
+            bounds = self._divisible_bounds(pack(sizes, self.budget).tolist())
+        except _Indivisible:
+            # with several ranks, an epoch's shuffle can pack every batch as one unit in a count
+            # the ranks cannot share, although another order packs fine: the order of an epoch
+            # that packed (the construction's, at the latest) keeps the run going; every rank
+            # takes the same one (the same seed, epoch and record)
+            if self._packable is None:
+                raise
+            perm = self._packable
+            sizes = self.effective_size[perm]
+            bounds = self._divisible_bounds(pack(sizes, self.budget).tolist())
+        if self._packable is None:
+            self._packable = perm
         mine = range(self.rank, len(bounds) - 1, self.num_replicas)
         batches = []
         total = 0
@@ -258,7 +276,7 @@ class GroupBatchSampler:
             widths = np.diff(bounds)
             b = int(np.argmax(widths))
             if widths[b] < 2:
-                raise ValueError(
+                raise _Indivisible(
                     f"cannot give {self.num_replicas} ranks the same number of batches: only "
                     f"{len(bounds) - 1} single-unit batches; lower data.budget or use fewer devices"
                 )
