@@ -38,6 +38,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from importlib.metadata import entry_points
 from pathlib import Path
 
@@ -136,6 +137,8 @@ def _child(request: dict, fds: list[int], scripts: dict[str, str], listener: soc
             # argv[0] is the real executable: a launcher that re-executes it (Lightning's DDP)
             # runs it
             sys.argv = [str(Path(sys.executable).parent / prog), *request["argv"]]
+            if hasattr(sys.modules.get(module), "STARTED"):  # the wrappers' "start" counts from
+                sys.modules[module].STARTED = time.perf_counter()  # this call, not the server's
             result = getattr(importlib.import_module(module), func)()
         code = result if isinstance(result, int) else 0
     except SystemExit as e:
@@ -156,7 +159,13 @@ def serve(sock_path: str) -> None:
     """Import the console scripts' modules, then fork one child per connection."""
     scripts = console_scripts()
     for value in scripts.values():
-        importlib.import_module(value.split(":")[0])
+        module, func = value.split(":")
+        script = getattr(importlib.import_module(module), func)
+        # hybridrank.cli.console's wrappers import their command only when called: import it now,
+        # or every call would pay the imports this server exists to save
+        command = getattr(script, "command", None)
+        if command is not None:
+            importlib.import_module(command[0])
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(sock_path)
     listener.listen(16)

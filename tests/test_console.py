@@ -104,3 +104,23 @@ def test_a_reader_that_leaves_is_not_an_error_of_the_run(tmp_path):
 
     with pytest.raises(BrokenPipeError):
         _app.hydra_job(task)(OmegaConf.create({}))
+
+
+@pytest.mark.slow
+def test_the_test_server_has_every_command_imported_before_a_call(cli_server):
+    """tests/cli_server.py exists so that the README's ~40 commands do not pay torch's and
+    Lightning's imports each: the wrappers import their command only when called, so the server
+    must import the commands themselves (when it imported the wrappers only, every served call
+    paid ~5 s of imports and the suite ran past its budget)."""
+    if cli_server is None:
+        pytest.skip("HYBRIDRANK_TEST_REAL_PROCESSES=1: no server")
+    from hybridrank.cli import console
+
+    modules = sorted({getattr(console, n).command[0] for n in console.__all__
+                      if hasattr(getattr(console, n), "command")})
+    code = ("import sys; m = sys.argv[1:]; "
+            "print([x for x in m if x not in sys.modules]); print('torch' in sys.modules)")
+    p = subprocess.run([cli_server.python, "-c", code, *modules], capture_output=True, text=True,
+                       timeout=60, env=cli_server.env())
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.split("\n")[:2] == ["[]", "True"], (modules, p.stdout)
