@@ -165,6 +165,7 @@ def test_streamed_schema_equals_in_memory_fit(small_log):
             assert end == len(keys) or keys[end] != keys[end - 1]
 
 
+@pytest.mark.slow
 def test_validation_and_test_parts_are_kept_once_read_within_the_cache(small_log):
     """A log of several chunks keeps the validation / test parts it has read while they fit in
     ``eval_cache_mb``: a second pass reads no file and gives the same data; training parts are

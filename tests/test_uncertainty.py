@@ -205,6 +205,7 @@ def test_compare_bootstrap_equals_single_and_paired_calls():
         compare_bootstrap({"a": runs["a"], "short": calibration_stats(p[:50], y[:50], mask=m[:50])})
 
 
+@pytest.mark.slow
 def test_paired_test_holds_its_level_on_equal_quality_models():
     """Two independent noisy versions of the truth: flagged in about 5 % of 200 seeds, not more."""
     flagged, n_seeds = 0, 200
