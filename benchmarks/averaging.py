@@ -40,13 +40,11 @@ RATIO, NDCG_SLACK = 1.02, 0.005
 
 
 def _logits(path: str, splits, order: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """A checkpoint's test logits at the logged slots and at the reference slot, in ``w.test``'s order."""
+    """A checkpoint's :func:`benchmarks.worlds.logits_on_test`."""
     from hybridrank.models.ranker import HybridRanker
 
     model = HybridRanker.load_from_checkpoint(path, map_location="cpu", weights_only=True).eval()
-    logged = model.predict_split(splits.test, at_logged_position=model.position_bias is not None)[0]
-    ref = model.predict_split(splits.test)[0]
-    return logged.double().numpy()[order], ref.double().numpy()[order]
+    return W.logits_on_test(model, splits, order)
 
 
 def _row(w: W.PreparedWorld, name: str, members: Sequence[tuple[np.ndarray, np.ndarray]]) -> dict[str, Any]:

@@ -433,16 +433,26 @@ def model_row(w: PreparedWorld, name: str, run: Mapping[str, Any], splits, order
     result = run["result"]
     model = kept_model(result)
     tower = model.position_bias is not None
-    logged = sigmoid(model.predict_split(splits.test, at_logged_position=tower)[0].double().numpy())[order]
     if model.schema is not None and w.world.columns["position"] in model.schema.columns.numeric:
         # the position is a feature: its reference-slot score reads the test rows at slot 1, as
         # LightGBM's row does (test_slot1.parquet: the same rows, every position 1)
+        logged = sigmoid(model.predict_split(splits.test, at_logged_position=tower)[0].double().numpy())[order]
         at1 = model.schema.read(pl.read_parquet(w.dir / "test_slot1.parquet"), "test at slot 1")
         ref = sigmoid(model.predict_split(at1)[0].double().numpy())[test_order(w, at1)]
     else:
-        ref = sigmoid(model.predict_split(splits.test)[0].double().numpy())[order]
+        logged, ref = (sigmoid(z) for z in logits_on_test(model, splits, order))
     return {"variant": name, **truth_figures(w, logged, ref, per_request=True), "tower": tower,
             "val_ll": float(result["val"]["val/logloss"]), **_training(run)}
+
+
+def logits_on_test(model, splits, order: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """A model's logits of the loaded test split in the order of ``w.test``'s rows (``splits``,
+    ``order``: :func:`load_test_split`): at the logged slots (a tower's offsets added) and at the
+    reference slot (a tower's position-free score; a position-blind model's one score)."""
+    tower = model.position_bias is not None
+    logged = model.predict_split(splits.test, at_logged_position=tower)[0].double().numpy()[order]
+    ref = model.predict_split(splits.test)[0].double().numpy()[order]
+    return logged, ref
 
 
 def lightgbm_row(w: PreparedWorld, splits, order: np.ndarray) -> dict[str, Any]:
