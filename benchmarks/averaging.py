@@ -10,8 +10,8 @@ FM's best of :data:`benchmarks.worlds.GRID` by validation log loss:
   training);
 - ``<scorer>_ck3``: the mean logit of seed 0's best three epochs (no extra training).
 
-The table counts, per row, the worlds whose excess is within ``1.02×`` of the reference's and whose
-NDCG@10 gap to the oracle is within 0.005 of its gap (issue 38's criteria)::
+The table is :func:`benchmarks.worlds.against_table`: per row, the worlds whose excess is within
+``1.02×`` of the reference's and whose NDCG@10 gap to the oracle is within 0.005 of its gap::
 
     python -m benchmarks.averaging --worlds 10 --seed0 8900 --out results/averaging.json
     python -m benchmarks.averaging --tables results/averaging.json
@@ -21,9 +21,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -35,8 +34,6 @@ from benchmarks.common import RESULTS, sigmoid
 
 #: scorer -> the overrides of its shipped run on a click log (the position tower, BCE)
 SCORERS = {"fm": ["model=fm", "loss=bce"], "mlp": ["loss=bce"]}
-#: the excess ratio and NDCG@10 slack of issue 38's criteria
-RATIO, NDCG_SLACK = 1.02, 0.005
 
 
 def _logits(path: str, splits, order: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -79,24 +76,6 @@ def run_world(seed: int, work: Path, seeds: int) -> dict[str, Any]:
             "seconds": round(time.perf_counter() - t0, 1)}
 
 
-def table(results: Sequence[Mapping[str, Any]]) -> str:
-    """Per row: worlds within the criteria of the reference FM, and the median (range) excess ratio."""
-    names = [r["variant"] for r in results[0]["rows"] if r["variant"] != "reference FM"]
-    lines = [f"| row | excess within {RATIO}× | NDCG@10 within {NDCG_SLACK} | excess ratio, median (range) |",
-             "|---|---|---|---|"]
-    for name in names:
-        ratios, ndcg = [], 0
-        for result in results:
-            rows = {r["variant"]: r for r in result["rows"]}
-            ref, row = rows["reference FM"], rows[name]
-            ratios.append(row["excess"] / ref["excess"])
-            ndcg += row["ndcg_gap"] <= ref["ndcg_gap"] + NDCG_SLACK
-        n = len(ratios)
-        lines.append(f"| `{name}` | {sum(x <= RATIO for x in ratios)}/{n} | {ndcg}/{n} | "
-                     f"{statistics.median(ratios):.2f} ({min(ratios):.2f}-{max(ratios):.2f}) |")
-    return "\n".join(lines)
-
-
 def parser() -> argparse.ArgumentParser:
     ap = C.parser("benchmarks.averaging", __doc__)
     ap.add_argument("--worlds", type=int, default=10)
@@ -112,7 +91,7 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     a = parser().parse_args(argv)
     if a.tables:
-        print(table([r for path in a.tables for r in json.loads(path.read_text())["results"]]))
+        print(W.against_table([r for path in a.tables for r in json.loads(path.read_text())["results"]]))
         return 0
     if a.seeds < 2:
         raise SystemExit(f"benchmarks.averaging: --seeds must be at least 2, got {a.seeds}")
@@ -125,7 +104,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             results.append(run_world(seed, a.keep or Path(tmp), a.seeds))
             print(f"# {results[-1]['describe']} ({results[-1]['seconds']:.0f} s)", flush=True)
             C.write_json(a.out, {"results": results})
-    print("\n" + table(results))
+    print("\n" + W.against_table(results))
     return 0
 
 
