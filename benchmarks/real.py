@@ -98,8 +98,10 @@ def dataset_table(dataset: str, results: list[dict], names: list[str], n_boot: i
 
     names = [n for n in names if all(n in r["logits"] for r in results)]
     tests = [r["test"] for r in results]
-    data = tests[0] if len(results) == 1 else SimpleNamespace(label=torch.cat([t.label for t in tests]),
-                                                              lengths=torch.cat([t.lengths for t in tests]))
+    positions = [t.position for t in tests]
+    data = tests[0] if len(results) == 1 else SimpleNamespace(
+        label=torch.cat([t.label for t in tests]), lengths=torch.cat([t.lengths for t in tests]),
+        position=None if any(p is None for p in positions) else torch.cat(positions))
     stats = {n: C.split_stats(data, torch.cat([r["logits"][n] for r in results])) for n in names}
     metrics = ["ndcg@10", "logloss", "ece", "pcoc"]
     base = "lgbm_binary" if "lgbm_binary" in stats else None

@@ -141,6 +141,34 @@ def test_shared_protocol_pieces_against_references():
     assert C.parse_pin("mark_explore=True") == ("mark_explore", True) and C.parse_pin("x=0.5") == ("x", 0.5)
 
 
+def test_real_pools_the_folds_test_requests_into_one_table():
+    """``benchmarks.real``'s table over several folds pools their test requests: each row's
+    pooled log loss is the impression-weighted mean of the folds' and its request count the sum
+    (the pooling once lost the positions the metric engine reads, and the 5-fold run failed)."""
+    import torch
+
+    from benchmarks import real
+    from hybridrank.lists import ListData, lengths_to_offsets
+
+    def fold(lengths, seed):
+        g = torch.Generator().manual_seed(seed)
+        lengths = torch.tensor(lengths)
+        n = int(lengths.sum())
+        data = ListData(num=torch.zeros(n, 0), cat=torch.zeros(n, 0, dtype=torch.int64),
+                        label=(torch.rand(n, generator=g) < 0.3).float(), offsets=lengths_to_offsets(lengths))
+        return {"test": data, "logits": {"mlp|bce": torch.randn(n, generator=g).double()},
+                "fit_seconds": {"mlp|bce": 1.0}, "info": {"mlp|bce": {}}}
+
+    folds = [fold([3, 5, 2, 4], 0), fold([6, 1, 4], 1)]
+    _, summary = real.dataset_table("mq2008", folds, ["mlp|bce"], n_boot=20, seed=0)
+    per_fold = [f["logloss"] for f in summary["mlp|bce"]["per_fold"]]
+    pooled = summary["mlp|bce"]["test"]["logloss"]["estimate"]
+    assert pooled == pytest.approx((14 * per_fold[0] + 11 * per_fold[1]) / 25, rel=1e-6)
+    want = torch.nn.functional.binary_cross_entropy_with_logits(
+        torch.cat([f["logits"]["mlp|bce"] for f in folds]), torch.cat([f["test"].label for f in folds]).double())
+    assert pooled == pytest.approx(float(want), rel=1e-6)
+
+
 def test_grid_table_sets_runs_side_by_side():
     """``grid_table``: mean ± std over a set's seeds (the sample standard deviation), missing
     figures as ``-``, each distinct reference row once."""
