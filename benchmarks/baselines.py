@@ -78,9 +78,17 @@ def fit_reference_fm(train: pl.DataFrame, val: pl.DataFrame, columns: Mapping[st
     vocab = {c: {v: i + 1 for i, v in enumerate(train[c].unique(maintain_order=True).to_list())}
              for c in cats}
 
+    # missing numerics (a world's missing_share): the training mean and a 0/1 column each
+    holes = [j for j, c in enumerate(nums) if train[c].null_count()]
+    fills = np.nanmean(train.select(nums).to_numpy().astype(np.float64), axis=0) if holes else None
+
     def numeric(frame: pl.DataFrame, slot: int | None) -> np.ndarray:
         logslot = np.log(frame[pos].to_numpy() if slot is None else np.full(frame.height, slot))
-        return np.c_[frame.select(nums).to_numpy(), logslot].astype(np.float64)
+        values = frame.select(nums).to_numpy().astype(np.float64)
+        if holes:
+            gone = np.isnan(values)
+            values = np.c_[np.where(gone, fills, values), gone[:, holes]]
+        return np.c_[values, logslot]
 
     x = numeric(train, None)
     mean, std = x.mean(0), np.where(x.std(0) > 0, x.std(0), 1.0)

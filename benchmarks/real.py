@@ -1,6 +1,6 @@
 """Which scorer? The scorers on real data: MQ2008 (5 folds), the MSLR-WEB subset, Open Bandit.
 
-Every hybridrank scorer (``mlp``, ``fm``, ``deepfm``, ``dcnv2``, ``list_aware``) with each loss of
+Every hybridrank scorer (``linear``, ``mlp``, ``fm``, ``deepfm``, ``dcnv2``, ``list_aware``) with each loss of
 ``--losses`` (default ``bce``, the pointwise anchor, and the hybrid ``bce_softmax``), next to
 LightGBM ``binary`` and ``lambdarank`` trained in the same run on the same splits, all scored by
 the same code. Train time is the fit alone (hybridrank: ``trainer.fit`` with its per-epoch
@@ -8,7 +8,7 @@ validation; LightGBM: Dataset construction + boosting with early stopping), repo
 to LightGBM binary's in the same run. ``python -m benchmarks.letor`` asks which loss.
 
 - **MQ2008**: the standard 5 folds, ``experiment=letor`` (tuned on Fold1's validation part for the
-  MLP); every scorer takes those settings (``fm`` has no hidden layers or dropout). Mean ± std
+  MLP); every scorer takes those settings (``linear`` and ``fm`` have no hidden layers or dropout). Mean ± std
   over folds, and 95 % bootstrap intervals over the 784 test queries of the five folds pooled,
   with paired differences against LightGBM.
 - **MSLR subset** and **Open Bandit** (the uniform-random ``all`` campaign): the same small-data
@@ -42,7 +42,9 @@ from benchmarks import common as C  # noqa: E402
 from benchmarks.baselines import LGBM_PARAMS, fit_rows, require_lightgbm  # noqa: E402
 from benchmarks.grid import load_splits  # noqa: E402
 
-HYBRID = ("mlp", "fm", "deepfm", "dcnv2", "list_aware")
+HYBRID = ("linear", "mlp", "fm", "deepfm", "dcnv2", "list_aware")
+#: scorers without hidden layers or dropout: the small-data settings of those keys do not apply
+NO_HIDDEN = ("linear", "fm")
 LGBM = ("lgbm_binary", "lgbm_lambdarank")
 UNCALIBRATED = {"lgbm_lambdarank"}
 #: the small-data settings of experiment=letor, for the data sets it does not select
@@ -55,13 +57,14 @@ LABELS = {"lgbm_binary": "LightGBM binary", "lgbm_lambdarank": "LightGBM lambdar
 
 def scorer_overrides(model: str, dataset: str, quick: bool) -> list[str]:
     """The scorer's overrides: ``experiment=letor`` on MQ2008, :data:`SMALL_DATA` elsewhere;
-    ``fm`` has no hidden layers or dropout, so those keys are left out (deleted on MQ2008)."""
+    ``linear`` and ``fm`` have no hidden layers or dropout, so those keys are left out (deleted on MQ2008)."""
     if dataset == "mq2008":
         ov = ["experiment=letor", f"model={model}"] + (
-            ["~model.scorer.hidden", "~model.scorer.dropout"] if model == "fm" else [])
+            ["~model.scorer.hidden", "~model.scorer.dropout"] if model in NO_HIDDEN else [])
     else:
         net = ("model.scorer.hidden", "model.scorer.dropout")
-        ov = [f"data={dataset}", f"model={model}", *(o for o in SMALL_DATA if model != "fm" or not o.startswith(net))]
+        ov = [f"data={dataset}", f"model={model}",
+              *(o for o in SMALL_DATA if model not in NO_HIDDEN or not o.startswith(net))]
     return ov + (["trainer.max_epochs=3"] if quick else [])
 
 

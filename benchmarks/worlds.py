@@ -192,7 +192,8 @@ def floor(world, train: pl.DataFrame, test: pl.DataFrame) -> float:
 
 def world_overrides(world, path: Path, position_feature: bool) -> list[str]:
     """``data=clicklog`` on ``path`` with the world's column map; position a numeric feature or
-    not; marked exploration traffic mapped, as a user with such traffic would."""
+    not; marked exploration traffic mapped, as a user with such traffic would; missing numerics
+    (a world's ``missing_share``) read under ``nan_policy=indicator``."""
     cols = dict(world.columns)
     cols["numeric"] = [c for c in cols["numeric"] if c != cols["position"]] + (
         [cols["position"]] if position_feature else [])
@@ -202,6 +203,8 @@ def world_overrides(world, path: Path, position_feature: bool) -> list[str]:
         out.append(f"data.source.columns.{key}={cols[key] if cols[key] is not None else 'null'}")
     out.append("data.source.columns.numeric=[" + ",".join(cols["numeric"]) + "]")
     out.append("data.source.columns.categorical=[" + ",".join(cols["categorical"]) + "]")
+    if world.spec.missing_share:  # what the error on missing values names first
+        out.append("data.source.nan_policy=indicator")
     return out
 
 

@@ -68,6 +68,10 @@ class Schema:
             count, size cap, or ``hash_buckets``: code ``1 + stable_hash(value) mod n``, 0 when
             missing; :mod:`hybridrank.data.vocab`). Columns left out get the default (keep every
             train value).
+        missing: under ``nan_policy="indicator"``, the numeric features with missing values in
+            the training rows: each gets a 0/1 missing-value feature after the numeric ones
+            (:attr:`feature_names`); a missing value reads as the training mean (0 once
+            standardised), in every numeric column.
     """
 
     numeric: tuple[str, ...]
@@ -82,8 +86,16 @@ class Schema:
     duplicates: str = "error"
     max_request_span: float | None = MAX_REQUEST_SPAN
     vocab_policy: Mapping[str, VocabPolicy] = field(default_factory=dict)
+    missing: tuple[str, ...] = ()
 
     def __post_init__(self):
+        stray = [c for c in self.missing if c not in self.numeric]
+        if stray:
+            raise ValueError(f"Schema: missing-value features for {stray}, which are not numeric "
+                             f"features {list(self.numeric)}")
+        if self.missing and self.nan_policy != "indicator":
+            raise ValueError(f"Schema: missing-value features {list(self.missing)} need "
+                             f"nan_policy='indicator', got {self.nan_policy!r}")
         unknown = sorted(set(self.vocab_policy) - set(self.categorical))
         if unknown:
             raise ValueError(f"Schema: vocab_policy for {unknown}, which are not categorical "
@@ -108,6 +120,12 @@ class Schema:
         """The vocabulary codes of ``values`` of the non-hashed categorical ``column`` (0: not in
         the vocabulary), as :meth:`transform` encodes them."""
         return self._vocab_index(column).codes(values)
+
+    @property
+    def feature_names(self) -> tuple[str, ...]:
+        """The columns of ``ListData.num``: the numeric features, then one missing-value
+        feature ``"<column>:missing"`` per column of :attr:`missing`."""
+        return (*self.numeric, *(f"{c}:missing" for c in self.missing))
 
     @property
     def hashed(self) -> dict[str, int]:
@@ -159,6 +177,7 @@ class Schema:
             "mean": list(self.mean), "std": list(self.std), "label_max": self.label_max,
             "columns": self.columns.to_dict(), "policies": self.policies,
             "vocab_policy": {c: p.to_dict() for c, p in self.vocab_policy.items()},
+            "missing": list(self.missing),
         }
 
     @classmethod
@@ -176,6 +195,7 @@ class Schema:
             **policies,
             vocab_policy={str(c): VocabPolicy.from_dict(p)
                           for c, p in (d.get("vocab_policy") or {}).items()},
+            missing=tuple(d.get("missing") or ()),
         )
 
     @classmethod
@@ -195,6 +215,23 @@ class Schema:
         if any(stats["oov"].values()):
             log.info("out-of-vocabulary rows (code 0) per categorical: %s", stats["oov"])
         return data
+
+    def _mark_missing(self, x: np.ndarray) -> np.ndarray:
+        """Standardised numerics ``x`` (NaN where missing) under ``nan_policy="indicator"``: every
+        missing value set to the training mean (0), then the 0/1 missing-value feature of each
+        column of :attr:`missing` appended. A column that had no missing training values gets no
+        feature: its missing values at scoring time are filled and counted in the log."""
+        gone = np.isnan(x)
+        if not gone.any():
+            marks = np.zeros((x.shape[0], len(self.missing)))
+            return np.concatenate([x, marks], axis=1) if self.missing else x
+        new = [c for c, k in zip(self.numeric, gone.sum(axis=0)) if k and c not in self.missing]
+        if new:
+            log.warning("missing values in numeric %s, which had none in training: read as the "
+                        "training mean, without a missing-value feature", new)
+        cols = [self.numeric.index(c) for c in self.missing]
+        marks = gone[:, cols].astype(np.float64)
+        return np.concatenate([np.where(gone, 0.0, x), marks], axis=1)
 
     def transform_with_stats(self, frame: pl.DataFrame) -> tuple[ListData, dict]:
         """Sort by request, build offsets and scopes, standardise numerics, encode categoricals.
@@ -220,7 +257,9 @@ class Schema:
 
         if self.numeric:
             x = (numeric_values(df, cm) - np.asarray(self.mean)) / np.asarray(self.std)
-            if not np.isfinite(x).all():
+            if self.nan_policy == "indicator":
+                x = self._mark_missing(x)
+            elif not np.isfinite(x).all():
                 bad = [c for c, ok in zip(self.numeric, np.isfinite(x).all(axis=0)) if not ok]
                 raise ValueError(f"Schema.transform: missing/NaN/inf values in numeric {bad}; "
                                  "run validate_frame (nan_policy='fill' to fill them) first")
@@ -373,7 +412,8 @@ class SchemaFit:
         self.vocab = vocab_policies(vocab, columns.categorical)
         self.rows = 0
         k = len(columns.numeric)
-        self._mean, self._m2 = np.zeros(k), np.zeros(k)
+        # per column: the count of present values, their mean and sum of squared deviations
+        self._n, self._mean, self._m2 = np.zeros(k), np.zeros(k), np.zeros(k)
         self._counters = {c: ValueCounter(counts=not p.keeps_all)
                           for c, p in self.vocab.items() if not p.hashed}
         self._buckets = {c: np.zeros(p.hash_buckets + 1, dtype=bool)
@@ -385,14 +425,26 @@ class SchemaFit:
         if k == 0:
             return
         num = list(self.columns.numeric)
-        if num and self.normalize:
+        if num and (self.normalize or self.policies.get("nan_policy") == "indicator"):
             x = numeric_values(frame, self.columns)
-            mk = x.mean(axis=0)
-            m2k = ((x - mk) ** 2).sum(axis=0)
+            gone = np.isnan(x)  # missing values (validated frames have them only as 'indicator')
+            if gone.any():
+                present = (~gone).sum(axis=0).astype(np.float64)
+                mk = np.nansum(x, axis=0) / np.maximum(present, 1.0)
+                m2k = np.nansum((x - mk) ** 2, axis=0)
+            else:
+                present = np.full(len(num), float(k))
+                mk = x.mean(axis=0)
+                m2k = ((x - mk) ** 2).sum(axis=0)
             delta = mk - self._mean
-            tot = self.rows + k
-            self._mean = self._mean + delta * (k / tot)
-            self._m2 = self._m2 + m2k + delta ** 2 * (self.rows * k / tot)
+            tot = self._n + present
+            some = tot > 0
+            self._mean = self._mean + delta * np.divide(present, tot, out=np.zeros_like(tot), where=some)
+            self._m2 = self._m2 + m2k + delta ** 2 * np.divide(self._n * present, tot,
+                                                                out=np.zeros_like(tot), where=some)
+            self._n = tot
+        else:
+            self._n = self._n + k
         self.rows += k
         for c, counter in self._counters.items():
             counter.update(frame[c])
@@ -405,11 +457,13 @@ class SchemaFit:
             raise ValueError("Schema.fit: no training rows (check the split fractions)")
         num = list(self.columns.numeric)
         if num and self.normalize:
-            std = np.sqrt(self._m2 / self.rows)
+            std = np.sqrt(np.divide(self._m2, self._n, out=np.zeros_like(self._m2), where=self._n > 0))
             means = tuple(float(v) for v in self._mean)
             stds = tuple(float(s) if np.isfinite(s) and s > 0 else 1.0 for s in std)
         else:
             means, stds = (0.0,) * len(num), (1.0,) * len(num)
+        # the columns with missing training values (present only under nan_policy='indicator')
+        missing = tuple(c for c, n in zip(num, self._n) if n < self.rows)
         distinct = {c: counter.frame().height for c, counter in self._counters.items()
                     if not self.vocab[c].keeps_all}
         vocabs = {c: select_vocab(counter.frame(), self.vocab[c])
@@ -417,7 +471,7 @@ class SchemaFit:
         used = {c: int(u[1:].sum()) for c, u in self._buckets.items()}
         cm = self.columns
         schema = Schema(tuple(num), tuple(cm.categorical), vocabs, means, stds, self.label_max, cm,
-                        **self.policies, vocab_policy=self.vocab)
+                        **self.policies, vocab_policy=self.vocab, missing=missing)
         if schema.categorical:
             log.info("schema: %s", table_report(schema, distinct, used))
         return schema

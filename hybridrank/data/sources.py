@@ -258,8 +258,9 @@ class ClickLogSource(Source):
             (a key's rows land in one split whatever chunk they are in); a time split needs the
             whole log in one chunk (``chunk_rows: null``, or a log within ``chunk_rows``).
         label_max: largest label (1 for clicks).
-        nan_policy: ``"error"`` (default) or ``"fill"`` missing / NaN / inf numeric features with
-            ``fill_value`` (counts are logged).
+        nan_policy: missing / NaN / inf numeric features: ``"error"`` (default), ``"fill"``
+            them with ``fill_value``, or ``"indicator"``: the training mean plus a 0/1
+            missing-value feature per column that has them in training (counts are logged).
         duplicates: repeated (request, item) rows: ``"error"`` (default), ``"drop"`` (keep the
             first) or ``"keep"`` (:func:`~hybridrank.data.validate.validate_frame`).
         max_request_span: seconds; a request id whose rows lie further apart in time is an error

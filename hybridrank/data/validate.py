@@ -12,7 +12,11 @@ import polars as pl
 
 from hybridrank.data.readers import MAX_REQUEST_SPAN, SOURCE_ROW, ColumnMap, request_key_expr, row_location
 
-__all__ = ["validate_frame"]
+__all__ = ["NAN_POLICIES", "validate_frame"]
+
+#: what happens to a missing / NaN / inf numeric feature value: an error naming it, replaced by
+#: ``fill_value``, or kept missing for the schema's mean fill and 0/1 missing-value feature
+NAN_POLICIES = ("error", "fill", "indicator")
 
 log = logging.getLogger("hybridrank.data.readers")
 
@@ -21,13 +25,15 @@ def validate_frame(frame: pl.DataFrame, columns: ColumnMap, *, label_max: float,
                    nan_policy: str = "error", fill_value: float = 0.0,
                    name: str = "data", duplicates: str = "error",
                    max_request_span: float | None = MAX_REQUEST_SPAN) -> pl.DataFrame:
-    """Check a frame's values; return it (with missing numerics filled under ``nan_policy="fill"``).
+    """Check a frame's values; return it (with missing numerics filled under ``nan_policy="fill"``,
+    or null under ``"indicator"``).
 
     Checks: the frame has rows; numeric features have no null / NaN / inf (``nan_policy="error"``
-    raises naming column, count and first row; ``"fill"`` replaces them by ``fill_value`` and logs
-    the counts); labels are present and in ``[0, label_max]``; positions are >= 1 (1-based);
-    bids are finite and >= 0; true_p in ``[0, 1]``; id columns (request, session, user) have no
-    nulls.
+    raises naming column, count and first row; ``"fill"`` replaces them by ``fill_value``;
+    ``"indicator"`` keeps them as missing (null), for the schema to fill with the training mean
+    and mark in a 0/1 feature per column; both log the counts); labels are present and in
+    ``[0, label_max]``; positions are >= 1 (1-based); bids are finite and >= 0; true_p in
+    ``[0, 1]``; id columns (request, session, user) have no nulls.
 
     Two request-level policies (docs/ROBUSTNESS.md):
 
@@ -40,8 +46,8 @@ def validate_frame(frame: pl.DataFrame, columns: ColumnMap, *, label_max: float,
       one request id whose rows lie further apart in time is an error (a recycled id would merge
       two unrelated pages into one list); ``None`` keeps such rows as one request.
     """
-    if nan_policy not in ("error", "fill"):
-        raise ValueError(f"nan_policy must be 'error' or 'fill', got {nan_policy!r}")
+    if nan_policy not in NAN_POLICIES:
+        raise ValueError(f"nan_policy must be one of {NAN_POLICIES}, got {nan_policy!r}")
     if duplicates not in ("error", "keep", "drop"):
         raise ValueError(f"duplicates must be 'error', 'keep' or 'drop', got {duplicates!r}")
     if frame.height == 0:
@@ -66,13 +72,18 @@ def validate_frame(frame: pl.DataFrame, columns: ColumnMap, *, label_max: float,
         if bad_cols and nan_policy == "error":
             c = next(iter(bad_cols))
             fail((frame[c].is_null() | ~frame[c].is_finite()).fill_null(True),
-                 f"numeric feature {c!r} has missing/NaN/inf values (set nan_policy='fill' to "
-                 f"replace them by fill_value); columns affected: {bad_cols}", c)
+                 f"numeric feature {c!r} has missing/NaN/inf values (set nan_policy='indicator' "
+                 f"to fill them with the training mean and add a missing-value feature per "
+                 f"column, or nan_policy='fill' to replace them by fill_value); columns "
+                 f"affected: {bad_cols}", c)
         if bad_cols:
-            log.warning("%s: filled %d missing/NaN/inf numeric value(s) with %s: %s", name,
-                        sum(bad_cols.values()), fill_value, bad_cols)
+            fill = pl.lit(None, dtype=pl.Float64) if nan_policy == "indicator" else pl.lit(fill_value)
+            verb, how = (("kept", "as missing (nan_policy='indicator')") if nan_policy == "indicator"
+                         else ("filled", f"with {fill_value}"))
+            log.warning("%s: %s %d missing/NaN/inf numeric value(s) %s: %s", name, verb,
+                        sum(bad_cols.values()), how, bad_cols)
             frame = frame.with_columns(
-                pl.when(pl.col(c).is_null() | ~pl.col(c).is_finite()).then(pl.lit(fill_value))
+                pl.when(pl.col(c).is_null() | ~pl.col(c).is_finite()).then(fill)
                 .otherwise(pl.col(c)).cast(pl.Float64).alias(c) for c in bad_cols)
 
     lab = frame[columns.label].cast(pl.Float64)

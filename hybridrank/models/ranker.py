@@ -259,7 +259,7 @@ class HybridRanker(pl.LightningModule):
             raise ValueError("HybridRanker needs data={'schema': ...} to build its scorer from a "
                              "config (the feature sizes come from the data)")
         base = self.data_info.get("base_rate")
-        return factory(n_numeric=len(schema["numeric"]),
+        return factory(n_numeric=len(self.schema.feature_names),
                        vocab_sizes=list(self.schema.vocab_sizes),
                        n_outputs=self.loss.n_outputs,
                        base_rate=None if base is None else float(base))

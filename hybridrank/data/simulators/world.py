@@ -70,6 +70,7 @@ from hybridrank.data.simulators.world_steps import (
     draw_population,
     draw_slates,
     draw_traffic,
+    missing_items,
     observed_numeric,
     relevance,
     stream,
@@ -309,10 +310,22 @@ def _frame(spec: WorldSpec, pop: Population, traffic: Traffic, imp: Impressions,
                 names["user"]: f"user id ({spec.n_users} users)",
                 names["item"]: f"item id ({spec.n_items} items, Zipf {spec.item_zipf})"}
     numeric = []
+    # the item-level columns that can miss values: the item signals' observations, the side features
+    item_level = [k for k, sig in enumerate(pop.signals) if sig in ("item_quality", "item_price")]
+    gone = missing_items(spec, pop, len(item_level) + spec.n_side)
+    miss = {k: gone[:, j] for j, k in enumerate(item_level)}
+
+    def observed(name: str, values: np.ndarray, what: str, missing: np.ndarray | None):
+        if missing is None or not spec.missing_share:
+            return values, what
+        hole = missing[imp.item]
+        return (pl.Series(name, np.where(hole, np.nan, values)).fill_nan(None),
+                f"{what}; missing (null) for {missing.mean():.0%} of items, the weaker ones more often")
+
     for rank, k in enumerate(num_order):
         name = names["numeric"].format(rank)
-        cols[name] = numeric_cols[k][0].astype(np.float64)
-        features[name] = numeric_cols[k][1]
+        cols[name], features[name] = observed(name, numeric_cols[k][0].astype(np.float64),
+                                              numeric_cols[k][1], miss.get(k))
         numeric.append(name)
     for t in range(spec.n_tags):
         name = names["tag"].format(t)
@@ -321,9 +334,10 @@ def _frame(spec: WorldSpec, pop: Population, traffic: Traffic, imp: Impressions,
         numeric.append(name)
     for k in range(spec.n_side):
         name = names["side"].format(k)
-        cols[name] = pop.side[imp.item, k]
-        features[name] = (f"item side feature {k} (dense, an ad embedding): correlation "
-                          f"{spec.side_corr:.2f} with a random projection of the item's latent vector")
+        cols[name], features[name] = observed(
+            name, pop.side[imp.item, k], f"item side feature {k} (dense, an ad embedding): correlation "
+            f"{spec.side_corr:.2f} with a random projection of the item's latent vector",
+            gone[:, len(item_level) + k])
         numeric.append(name)
     cols[names["bid"]] = bid
     cols[names["label"]] = click

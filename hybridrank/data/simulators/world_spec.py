@@ -73,7 +73,8 @@ LONGTAIL_LATE_SHARE = 0.2
 #: The spec fields of the long tails and their values in a ``base`` world (which leave the world
 #: as the base family has always drawn it).
 TAIL_DEFAULTS: dict[str, Any] = {"user_zipf": 0.0, "late_share": 0.0, "new_user_share": 0.0,
-                                 "n_side": 0, "side_corr": 0.0, "interaction_share": 0.0}
+                                 "n_side": 0, "side_corr": 0.0, "interaction_share": 0.0,
+                                 "missing_share": 0.0}
 
 
 @dataclass(frozen=True)
@@ -147,6 +148,11 @@ class WorldSpec:
         interaction_share: the share of ``f``'s variance from the user x item latent dot product:
             ``f = sqrt(1 - s) f_scorer + sqrt(s) user_vec . item_vec``, both standardised
             (0.3..0.7).
+        missing_share: the share of items whose value of an item-level numeric feature (the
+            ``item_quality`` and ``item_price`` observations, the side features) is missing, per
+            item and column, like hotels without reviews: missing not at random, item ``i``'s
+            chance ``sigmoid(a - item_quality_i)`` with ``a`` set so the items' mean is the share
+            (weak items miss more). Written as nulls; no family draws it (pin it: 0..0.9).
     """
 
     seed: int
@@ -189,6 +195,7 @@ class WorldSpec:
     n_side: int = 0
     side_corr: float = 0.0
     interaction_share: float = 0.0
+    missing_share: float = 0.0
 
     def __post_init__(self) -> None:
         casts = {"int": int, "float": float, "str": str, "bool": bool}
@@ -246,6 +253,7 @@ class WorldSpec:
         need(self.n_side >= 0, "n_side must be >= 0")
         need(0.0 <= self.side_corr <= 1.0, "side_corr must be in [0, 1]")
         need(0.0 <= self.interaction_share <= 1.0, "interaction_share must be in [0, 1]")
+        need(0.0 <= self.missing_share <= 0.9, "missing_share must be in [0, 0.9]")
 
     def to_dict(self) -> dict[str, Any]:
         """The fields as a JSON-safe dict (``WorldSpec(**d)`` rebuilds the spec)."""
@@ -279,6 +287,8 @@ class WorldSpec:
             parts.append(f"{self.n_side} side features (corr {self.side_corr:.2f})")
         if self.interaction_share:
             parts.append(f"user x item {self.interaction_share:.0%}")
+        if self.missing_share:
+            parts.append(f"{self.missing_share:.0%} of items missing each item-level numeric")
         return "; " + ", ".join(parts) if parts else ""
 
 

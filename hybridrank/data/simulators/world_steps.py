@@ -32,13 +32,13 @@ from hybridrank.data.simulators.world_spec import (
 )
 
 __all__ = ["STREAMS", "stream", "Population", "draw_population", "Traffic", "draw_traffic",
-           "draw_slates", "Impressions", "relevance", "display_order", "observed_numeric",
+           "draw_slates", "Impressions", "relevance", "display_order", "missing_items", "observed_numeric",
            "standardize"]
 
 _D = 8                       # dimension of the latent vectors
 #: the simulation's random streams: ``default_rng([seed, k])`` for the k-th name
 STREAMS = ("population", "truth", "requests", "slates", "observations", "order", "clicks",
-           "position", "tails", "side")
+           "position", "tails", "side", "missing")
 
 
 def stream(spec: WorldSpec, name: str) -> np.random.Generator:
@@ -328,6 +328,27 @@ def display_order(spec: WorldSpec, imp: Impressions, sizes: np.ndarray
     imp.reorder(np.lexsort((key, imp.req)))
     starts = np.cumsum(sizes) - sizes
     return shuffled, np.arange(n) - starts[imp.req] + 1
+
+
+def missing_items(spec: WorldSpec, pop: Population, n_columns: int) -> np.ndarray:
+    """``[I, n_columns]`` bool: which items miss their value of each item-level numeric column
+    (stream ``missing``): item ``i`` with chance ``sigmoid(a - item_quality_i)``, ``a`` found by
+    bisection so that the mean chance over items is ``spec.missing_share`` (none when 0).
+
+    >>> spec = draw_world(3, size="tiny", missing_share=0.3)
+    >>> m = missing_items(spec, draw_population(spec), 4)
+    >>> m.shape == (spec.n_items, 4) and bool(0.2 < m.mean() < 0.4)
+    True
+    """
+    if spec.missing_share <= 0 or n_columns == 0:
+        return np.zeros((spec.n_items, n_columns), dtype=bool)
+    q = pop.item_quality
+    lo, hi = -30.0, 30.0
+    for _ in range(100):
+        a = 0.5 * (lo + hi)
+        lo, hi = (a, hi) if sigmoid(a - q).mean() < spec.missing_share else (lo, a)
+    chance = sigmoid(0.5 * (lo + hi) - q)
+    return stream(spec, "missing").random((spec.n_items, n_columns)) < chance[:, None]
 
 
 def observed_numeric(spec: WorldSpec, pop: Population, imp: Impressions
