@@ -407,11 +407,23 @@ def evaluate_run(w: PreparedWorld, name: str, run: Mapping[str, Any], position_f
     return row
 
 
-def load_test_split(w: PreparedWorld, position_feature: bool = False) -> tuple[Any, np.ndarray]:
-    """The world's ``Splits`` as the runs load them (the position a feature or not), and for each
-    row of ``w.test`` its row in the loaded test split (matched on request and item)."""
-    splits = load_splits(world_overrides(w.world, w.dir / "log.parquet", position_feature))
+def load_test_split(w: PreparedWorld, position_feature: bool = False,
+                    data_overrides: Sequence[str] = ()) -> tuple[Any, np.ndarray]:
+    """The world's ``Splits`` as the runs load them (the position a feature or not, then the
+    runs' own ``data.`` overrides), and for each row of ``w.test`` its row in the loaded test
+    split (matched on request and item)."""
+    splits = load_splits([*world_overrides(w.world, w.dir / "log.parquet", position_feature), *data_overrides])
     return splits, test_order(w, splits.test)
+
+
+def data_overrides(overrides: Sequence[str]) -> tuple[str, ...]:
+    """The overrides of a variant that change how its data loads (``data.`` keys): variants
+    share one loaded split only where these agree.
+
+    >>> data_overrides(["loss=bce", "data.source.nan_policy=fill", "data.budget=512"])
+    ('data.source.nan_policy=fill', 'data.budget=512')
+    """
+    return tuple(o for o in overrides if o.lstrip("+~").startswith("data."))
 
 
 def test_order(w: PreparedWorld, test) -> np.ndarray:
@@ -507,14 +519,18 @@ def run_world(seed: int, variants: Mapping[str, tuple[list[str], bool]], work: P
     w = prepare_world(seed, work, size=size, family=family, pins=pins)
     trained = {v: spec for v, spec in variants.items() if v != LGBM}
     if score == "model":
+        # the data loaded the runs' way: the position a feature or not, and each variant's own
+        # data overrides (a run given loaded splits reads no data config of its own)
+        keys = {v: (spec[1], data_overrides([*spec[0], *extra])) for v, spec in trained.items()}
+        if LGBM in variants:
+            keys[LGBM] = (False, data_overrides(extra))
         loaded, runs = {}, {}
-        for feature in (False, True):   # the position a feature or not: loaded the runs' way
-            group = {v: spec for v, spec in trained.items() if spec[1] == feature}
-            if group or (not feature and LGBM in variants):
-                loaded[feature] = load_test_split(w, feature)
-                runs.update(train_variants(w, group, extra, splits=loaded[feature][0]))
+        for key in dict.fromkeys(keys.values()):
+            loaded[key] = load_test_split(w, *key)
+            group = {v: spec for v, spec in trained.items() if keys[v] == key}
+            runs.update(train_variants(w, group, extra, splits=loaded[key][0]))
         t_train = time.perf_counter() - t0
-        rows = [lightgbm_row(w, *loaded[False]) if v == LGBM else model_row(w, v, runs[v], *loaded[variants[v][1]])
+        rows = [lightgbm_row(w, *loaded[keys[v]]) if v == LGBM else model_row(w, v, runs[v], *loaded[keys[v]])
                 for v in variants]
     else:
         runs = train_variants(w, trained, extra)
