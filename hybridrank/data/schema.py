@@ -71,7 +71,7 @@ class Schema:
         missing: under ``nan_policy="indicator"``, the numeric features with missing values in
             the training rows: each gets a 0/1 missing-value feature after the numeric ones
             (:attr:`feature_names`); a missing value reads as the training mean (0 once
-            standardised), in every numeric column.
+            standardised; 0 under ``normalize=False``), in every numeric column.
     """
 
     numeric: tuple[str, ...]
