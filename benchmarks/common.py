@@ -77,8 +77,11 @@ def parse_folds(text: str) -> list[int]:
 
 
 def parse_pin(text: str) -> tuple[str, Any]:
-    """``FIELD=VALUE`` of a world pin: the value as an int, a float, a bool or the string."""
-    key, _, value = text.partition("=")
+    """``FIELD=VALUE`` of a world pin: the value as an int, a float, a bool or the string
+    (anything without ``=`` is an error: argparse's ``type`` for ``--pin``)."""
+    key, eq, value = text.partition("=")
+    if not eq or not key:
+        raise ValueError(f"a pin is FIELD=VALUE, got {text!r}")
     for cast in (int, float):
         try:
             return key, cast(value)

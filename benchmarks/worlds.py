@@ -762,7 +762,7 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--family", default="base", choices=FAMILIES,
                     help="world family: base, or longtail (heavy-tailed user activity, users unseen before "
                          "the test period, dense item side features, user x item latent interactions)")
-    ap.add_argument("--pin", nargs="*", default=[], metavar="FIELD=VALUE",
+    ap.add_argument("--pin", nargs="*", default=[], metavar="FIELD=VALUE", type=C.parse_pin,
                     help="pin world fields (draw_world keywords), e.g. logging=random n_impressions=400000")
     ap.add_argument("--explore-shares", type=lambda t: [float(x) for x in t.split(",")], default=None,
                     help="worlds sorted by a noisy relevance estimate, each with the next of these shares "
@@ -812,7 +812,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                              "seconds": time.perf_counter() - t_all})
 
     run_family(a.family, range(a.seed0, a.seed0 + a.worlds), variants, size=a.size,
-               pins=dict(C.parse_pin(p) for p in a.pin), extra=a.extra, reference=not a.no_reference,
+               pins=dict(a.pin), extra=a.extra, reference=not a.no_reference,
                explore_shares=a.explore_shares, score=a.score, grid=GRID if a.grid else None, work=a.keep,
                progress=progress)
     print("\n" + tables(results, a.against))

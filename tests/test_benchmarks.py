@@ -139,6 +139,8 @@ def test_shared_protocol_pieces_against_references():
     assert math.isnan(C.per_request_se(values[:4], offsets[:2]))
     assert C.parse_pin("n_impressions=400000") == ("n_impressions", 400000)
     assert C.parse_pin("mark_explore=True") == ("mark_explore", True) and C.parse_pin("x=0.5") == ("x", 0.5)
+    with pytest.raises(ValueError, match="a pin is FIELD=VALUE, got '\\$V'"):
+        C.parse_pin("$V")  # an unexpanded shell variable in a documented command
 
 
 def test_real_pools_the_folds_test_requests_into_one_table():
