@@ -29,7 +29,7 @@ def _frame(a, b, c, seed=0):
 
 def test_validate_keeps_missing_values_missing_and_counts_them(caplog):
     df = _frame([1.0, None, float("nan"), float("inf"), 5.0, 6.0], [1.0] * 6, [2.0] * 6)
-    with caplog.at_level(logging.WARNING):
+    with caplog.at_level(logging.INFO):
         out = validate_frame(df, CM, label_max=1, nan_policy="indicator", name="log")
     assert out["a"].to_list() == [1.0, None, None, None, 5.0, 6.0]
     assert "log: kept 3 missing/NaN/inf numeric value(s) as missing (nan_policy='indicator'): {'a': 3}" \
@@ -56,6 +56,8 @@ def test_indicator_schema_against_numpy():
     assert np.all(num[gone, 0] == 0.0)
     assert num[~gone, 0] == pytest.approx((present - present.mean()) / present.std(), rel=1e-6)
     assert Schema.from_dict(schema.to_dict()) == schema
+    whole = schema.transform(_frame([2.0] * 3, [1.0] * 3, [5.0] * 3)).num.numpy()  # a chunk without holes
+    assert whole.shape == (3, 4) and (whole[:, 3] == 0).all()
 
 
 def test_a_column_missing_only_at_scoring_time_reads_the_mean_and_is_logged(caplog):

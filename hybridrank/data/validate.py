@@ -78,10 +78,12 @@ def validate_frame(frame: pl.DataFrame, columns: ColumnMap, *, label_max: float,
                  f"affected: {bad_cols}", c)
         if bad_cols:
             fill = pl.lit(None, dtype=pl.Float64) if nan_policy == "indicator" else pl.lit(fill_value)
-            verb, how = (("kept", "as missing (nan_policy='indicator')") if nan_policy == "indicator"
-                         else ("filled", f"with {fill_value}"))
-            log.warning("%s: %s %d missing/NaN/inf numeric value(s) %s: %s", name, verb,
-                        sum(bad_cols.values()), how, bad_cols)
+            # a hole is data under 'indicator' (INFO, as code-0 counts are); a fill changes values
+            level, verb, how = ((logging.INFO, "kept", "as missing (nan_policy='indicator')")
+                                if nan_policy == "indicator" else
+                                (logging.WARNING, "filled", f"with {fill_value}"))
+            log.log(level, "%s: %s %d missing/NaN/inf numeric value(s) %s: %s", name, verb,
+                    sum(bad_cols.values()), how, bad_cols)
             frame = frame.with_columns(
                 pl.when(pl.col(c).is_null() | ~pl.col(c).is_finite()).then(fill)
                 .otherwise(pl.col(c)).cast(pl.Float64).alias(c) for c in bad_cols)
