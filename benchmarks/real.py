@@ -68,13 +68,20 @@ def scorer_overrides(model: str, dataset: str, quick: bool) -> list[str]:
     return ov + (["trainer.max_epochs=3"] if quick else [])
 
 
-def run_setting(dataset: str, data_ov: list[str], runs: list[tuple[str, str | None]], quick: bool) -> dict:
+def run_setting(dataset: str, data_ov: list[str], runs: list[tuple[str, str | None]], quick: bool,
+                data_extra: Sequence[str] = ()) -> dict:
     """Every row of ``runs`` (model, loss) on one split: its test logits, fit seconds and
-    validation figures, and the rows that ``failed``."""
+    validation figures, and the rows that ``failed``. ``data_extra``: data overrides of the
+    hybridrank rows only (LightGBM reads the data as the data config gives it); the rows of a
+    split are the same either way."""
     splits = load_splits(data_ov)
-    fits = fit_rows(dataset, splits, {
-        f"{model}|{loss}" if loss else model: [*scorer_overrides(model, dataset, quick), *data_ov[1:], f"loss={loss}"]
-        for model, loss in runs}, quick=quick)
+    ours = load_splits([*data_ov, *data_extra]) if data_extra else splits
+    fits = {}
+    for model, loss in runs:
+        name = f"{model}|{loss}" if loss else model
+        fits.update(fit_rows(dataset, splits if model in LGBM else ours, {
+            name: [*scorer_overrides(model, dataset, quick), *data_ov[1:], *data_extra, f"loss={loss}"]},
+            quick=quick))
     done = {n: r for n, r in fits.items() if "error" not in r}
     return {"test": splits.test, "failed": [n for n in fits if n not in done],
             "logits": {n: r["z_test"].double() for n, r in done.items()},
@@ -155,6 +162,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads (the nets are tiny here)")
     p.add_argument("--quick", action="store_true")
+    p.add_argument("--data", nargs="*", default=[], metavar="OVERRIDE",
+                   help="data overrides of the hybridrank rows, e.g. data.source.numeric_bins=8")
     p.add_argument("--out", default=None)
     C.add_docs_options(p)
     return p
@@ -163,7 +172,7 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> None:
     args = parser().parse_args(argv)
     complete = dict(datasets=list(DATASETS), folds="1-5", models=[*HYBRID, *LGBM], losses=["bce", "bce_softmax"],
-                    n_boot=1000)
+                    n_boot=1000, data=[])
     C.check_docs_request(args, ["--quick"] * args.quick + [
         f"--{k.replace('_', '-')} {getattr(args, k)}" for k, v in complete.items()
         if (sorted(getattr(args, k)) != sorted(v) if isinstance(v, list) else getattr(args, k) != v)])
@@ -186,7 +195,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         for k in folds:
             print(f"{ds}" + (f" fold {k}" if k else ""), flush=True)
             data_ov = ["experiment=letor", *C.fold_overrides(k)] if ds == "mq2008" else [f"data={ds}"]
-            results.append(run_setting(ds, data_ov, runs, args.quick))
+            results.append(run_setting(ds, data_ov, runs, args.quick, args.data))
             failures += [f"{ds}{f' fold {k}' if k else ''} {n}" for n in results[-1]["failed"]]
         table, summary = dataset_table(ds, results, names, args.n_boot, args.seed)
         dump[ds] = {"summary": summary, "seconds": time.perf_counter() - t0, "folds": folds if ds == "mq2008" else None}

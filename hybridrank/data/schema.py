@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -32,12 +32,16 @@ from hybridrank.data.vocab import (
 )
 from hybridrank.lists import ListData, lengths_to_offsets
 
-__all__ = ["Schema", "SchemaFit", "POLICY_DEFAULTS", "request_lists", "numeric_values"]
+__all__ = ["Schema", "SchemaFit", "POLICY_DEFAULTS", "request_lists", "numeric_values", "piecewise_linear"]
 
 log = logging.getLogger(__name__)
 
 _REQ = "__request"
 _ROW = "__row"
+
+#: At most this many training rows (a uniform sample) give the quantile edges of
+#: ``SchemaFit(numeric_bins=T)``.
+BIN_SAMPLE_ROWS = 65_536
 
 #: The value policies a model is trained under (``validate_frame`` arguments); they travel with
 #: the schema into checkpoints and apply again when the model scores new data.
@@ -72,6 +76,9 @@ class Schema:
             the training rows: each gets a 0/1 missing-value feature after the numeric ones
             (:attr:`feature_names`); a missing value reads as the training mean (0 once
             standardised; 0 under ``normalize=False``), in every numeric column.
+        bins: per numeric feature, the (standardised) edges of its piecewise-linear encoding
+            (:func:`piecewise_linear`; ``SchemaFit(numeric_bins=T)``: the training quantiles at
+            ``0, 1/T, ..., 1``, repeated values merged), or ``()``: each feature is one column.
     """
 
     numeric: tuple[str, ...]
@@ -87,8 +94,12 @@ class Schema:
     max_request_span: float | None = MAX_REQUEST_SPAN
     vocab_policy: Mapping[str, VocabPolicy] = field(default_factory=dict)
     missing: tuple[str, ...] = ()
+    bins: tuple[tuple[float, ...], ...] = ()
 
     def __post_init__(self):
+        if self.bins and len(self.bins) != len(self.numeric):
+            raise ValueError(f"Schema: {len(self.bins)} bin-edge lists for {len(self.numeric)} "
+                             "numeric features")
         stray = [c for c in self.missing if c not in self.numeric]
         if stray:
             raise ValueError(f"Schema: missing-value features for {stray}, which are not numeric "
@@ -123,9 +134,16 @@ class Schema:
 
     @property
     def feature_names(self) -> tuple[str, ...]:
-        """The columns of ``ListData.num``: the numeric features, then one missing-value
-        feature ``"<column>:missing"`` per column of :attr:`missing`."""
-        return (*self.numeric, *(f"{c}:missing" for c in self.missing))
+        """The columns of ``ListData.num``: the numeric features (under :attr:`bins`, one column
+        ``"<column>:bin<t>"`` per bin of each, or the feature itself where it has under two
+        edges), then one missing-value feature ``"<column>:missing"`` per column of
+        :attr:`missing`."""
+        if self.bins:
+            num = tuple(name for c, e in zip(self.numeric, self.bins)
+                        for name in ([f"{c}:bin{t}" for t in range(len(e) - 1)] if len(e) > 1 else [c]))
+        else:
+            num = self.numeric
+        return (*num, *(f"{c}:missing" for c in self.missing))
 
     @property
     def hashed(self) -> dict[str, int]:
@@ -178,6 +196,7 @@ class Schema:
             "columns": self.columns.to_dict(), "policies": self.policies,
             "vocab_policy": {c: p.to_dict() for c, p in self.vocab_policy.items()},
             "missing": list(self.missing),
+            "bins": [list(e) for e in self.bins],
         }
 
     @classmethod
@@ -196,6 +215,7 @@ class Schema:
             vocab_policy={str(c): VocabPolicy.from_dict(p)
                           for c, p in (d.get("vocab_policy") or {}).items()},
             missing=tuple(d.get("missing") or ()),
+            bins=tuple(tuple(float(x) for x in e) for e in d.get("bins") or ()),
         )
 
     @classmethod
@@ -216,22 +236,20 @@ class Schema:
             log.info("out-of-vocabulary rows (code 0) per categorical: %s", stats["oov"])
         return data
 
-    def _mark_missing(self, x: np.ndarray) -> np.ndarray:
-        """Standardised numerics ``x`` (NaN where missing) under ``nan_policy="indicator"``: every
-        missing value set to the training mean (0), then the 0/1 missing-value feature of each
-        column of :attr:`missing` appended. A column that had no missing training values gets no
-        feature: its missing values at scoring time are filled and counted in the log."""
+    def _mark_missing(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Standardised numerics ``x`` (NaN where missing) under ``nan_policy="indicator"``:
+        ``(x with every missing value at the training mean (0), the 0/1 missing-value feature of
+        each column of`` :attr:`missing` ``)``. A column that had no missing training values gets
+        no feature: its missing values at scoring time are filled and counted in the log."""
         gone = np.isnan(x)
         if not gone.any():
-            marks = np.zeros((x.shape[0], len(self.missing)))
-            return np.concatenate([x, marks], axis=1) if self.missing else x
+            return x, np.zeros((x.shape[0], len(self.missing)))
         new = [c for c, k in zip(self.numeric, gone.sum(axis=0)) if k and c not in self.missing]
         if new:
             log.warning("missing values in numeric %s, which had none in training: read as the "
                         "training mean, without a missing-value feature", new)
         cols = [self.numeric.index(c) for c in self.missing]
-        marks = gone[:, cols].astype(np.float64)
-        return np.concatenate([np.where(gone, 0.0, x), marks], axis=1)
+        return np.where(gone, 0.0, x), gone[:, cols].astype(np.float64)
 
     def transform_with_stats(self, frame: pl.DataFrame) -> tuple[ListData, dict]:
         """Sort by request, build offsets and scopes, standardise numerics, encode categoricals.
@@ -257,12 +275,17 @@ class Schema:
 
         if self.numeric:
             x = (numeric_values(df, cm) - np.asarray(self.mean)) / np.asarray(self.std)
+            marks = np.zeros((n, 0))
             if self.nan_policy == "indicator":
-                x = self._mark_missing(x)
+                x, marks = self._mark_missing(x)
             elif not np.isfinite(x).all():
                 bad = [c for c, ok in zip(self.numeric, np.isfinite(x).all(axis=0)) if not ok]
                 raise ValueError(f"Schema.transform: missing/NaN/inf values in numeric {bad}; "
                                  "run validate_frame (nan_policy='fill' to fill them) first")
+            if self.bins:
+                x = np.concatenate([piecewise_linear(x[:, j], e) for j, e in enumerate(self.bins)], axis=1)
+            if marks.shape[1]:
+                x = np.concatenate([x, marks], axis=1)
         else:
             x = np.zeros((n, 0))
         oov: dict[str, int] = {}
@@ -306,6 +329,33 @@ def numeric_values(frame: pl.DataFrame, columns: ColumnMap) -> np.ndarray:
     logged = columns.position if columns.position_transform == "log" else None
     return frame.select([pl.col(c).cast(pl.Float64).log() if c == logged else pl.col(c).cast(pl.Float64)
                          for c in columns.numeric]).to_numpy()
+
+
+def check_numeric_bins(numeric_bins) -> int:
+    """``numeric_bins`` as an int: 0 (no piecewise-linear encoding) or at least 2 bins."""
+    if isinstance(numeric_bins, bool) or not float(numeric_bins).is_integer() or \
+            int(numeric_bins) < 0 or int(numeric_bins) == 1:
+        raise ValueError(f"numeric_bins must be 0 (off) or an integer >= 2, got {numeric_bins!r}")
+    return int(numeric_bins)
+
+
+def piecewise_linear(x: np.ndarray, edges: Sequence[float]) -> np.ndarray:
+    """The piecewise-linear encoding of one feature (Gorishniy, Rubachev & Babenko 2022):
+    ``[N]`` values -> ``[N, K - 1]`` for ``K`` sorted edges, column ``t`` the position of the
+    value within bin ``t``: 0 below it, 1 above it, linear inside; the first bin extends below
+    the first edge (negative) and the last above the last (over 1), so nothing is cut off. Under
+    two edges (a constant training column) the value itself, ``[N, 1]``.
+
+    >>> piecewise_linear(np.array([-1.0, 0.5, 1.5, 3.0]), [0.0, 1.0, 2.0]).tolist()
+    [[-1.0, 0.0], [0.5, 0.0], [1.0, 0.5], [1.0, 2.0]]
+    """
+    e = np.asarray(edges, dtype=np.float64)
+    if e.size < 2:
+        return x[:, None].astype(np.float64)
+    v = (x[:, None] - e[None, :-1]) / np.diff(e)[None, :]
+    v[:, 1:] = np.maximum(v[:, 1:], 0.0)
+    v[:, :-1] = np.minimum(v[:, :-1], 1.0)
+    return v
 
 
 # ----------------------------------------------------------------------------------------------
@@ -398,16 +448,24 @@ class SchemaFit:
         columns: the column map (its numeric and categorical features are fitted).
         label_max: the largest label.
         normalize: standardise numerics (False stores mean 0, std 1).
+        numeric_bins: 0, or ``T`` bins of a piecewise-linear encoding per numeric feature
+            (:attr:`Schema.bins`): edges at the quantiles of a uniform sample of up to
+            :data:`BIN_SAMPLE_ROWS` training rows, the same however the rows are chunked (each
+            row's sampling key is drawn in row order from one seeded generator).
         vocab: the ``vocab:`` config node or ``{column: VocabPolicy}``.
         **policies: the value policies recorded in the schema (``POLICY_DEFAULTS`` keys).
     """
 
     def __init__(self, columns: ColumnMap, label_max: float, *, normalize: bool = True,
-                 vocab: Mapping | None = None, **policies):
+                 numeric_bins: int = 0, vocab: Mapping | None = None, **policies):
         unknown = sorted(set(policies) - set(POLICY_DEFAULTS))
         if unknown:
             raise ValueError(f"Schema.fit: unknown policies {unknown}; known {sorted(POLICY_DEFAULTS)}")
         self.columns, self.label_max, self.normalize = columns, float(label_max), normalize
+        self.numeric_bins = check_numeric_bins(numeric_bins) if columns.numeric else 0
+        # the bins' sample: the rows of the smallest keys so far, keys drawn in row order
+        self._keys, self._sample = np.zeros(0), np.zeros((0, len(columns.numeric)))
+        self._key_rng = np.random.default_rng(0)
         self.policies = dict(policies)
         self.vocab = vocab_policies(vocab, columns.categorical)
         self.rows = 0
@@ -425,8 +483,10 @@ class SchemaFit:
         if k == 0:
             return
         num = list(self.columns.numeric)
-        if num and (self.normalize or self.policies.get("nan_policy") == "indicator"):
+        if num and (self.normalize or self.numeric_bins or self.policies.get("nan_policy") == "indicator"):
             x = numeric_values(frame, self.columns)
+            if self.numeric_bins:
+                self._add_to_sample(x)
             gone = np.isnan(x)  # missing values (validated frames have them only as 'indicator')
             if gone.any():
                 present = (~gone).sum(axis=0).astype(np.float64)
@@ -451,6 +511,26 @@ class SchemaFit:
         for c, used in self._buckets.items():
             used[hash_codes(frame[c], len(used) - 1)] = True
 
+    def _add_to_sample(self, x: np.ndarray) -> None:
+        keys = np.concatenate([self._keys, self._key_rng.random(x.shape[0])])
+        rows = np.concatenate([self._sample, x])
+        if keys.size > BIN_SAMPLE_ROWS:
+            keep = np.argpartition(keys, BIN_SAMPLE_ROWS)[:BIN_SAMPLE_ROWS]
+            keys, rows = keys[keep], rows[keep]
+        self._keys, self._sample = keys, rows
+
+    def _bin_edges(self, means: Sequence[float], stds: Sequence[float]) -> tuple[tuple[float, ...], ...]:
+        """The standardised quantile edges of each numeric feature (repeated values merged)."""
+        if not self.numeric_bins:
+            return ()
+        probs = np.linspace(0.0, 1.0, self.numeric_bins + 1)
+        edges = []
+        for j in range(self._sample.shape[1]):
+            present = self._sample[:, j][~np.isnan(self._sample[:, j])]
+            raw = np.unique(np.quantile(present, probs)) if present.size else np.zeros(0)
+            edges.append(tuple(float(v) for v in (raw - means[j]) / stds[j]))
+        return tuple(edges)
+
     def finish(self) -> Schema:
         """The fitted schema (logs the embedding-table report)."""
         if self.rows == 0:
@@ -471,7 +551,8 @@ class SchemaFit:
         used = {c: int(u[1:].sum()) for c, u in self._buckets.items()}
         cm = self.columns
         schema = Schema(tuple(num), tuple(cm.categorical), vocabs, means, stds, self.label_max, cm,
-                        **self.policies, vocab_policy=self.vocab, missing=missing)
+                        **self.policies, vocab_policy=self.vocab, missing=missing,
+                        bins=self._bin_edges(means, stds))
         if schema.categorical:
             log.info("schema: %s", table_report(schema, distinct, used))
         return schema

@@ -24,7 +24,7 @@ import polars as pl
 
 from hybridrank.data.readers import ColumnMap, request_key_expr
 from hybridrank.data.scanner import Chunk
-from hybridrank.data.schema import POLICY_DEFAULTS, Schema, SchemaFit, request_lists
+from hybridrank.data.schema import POLICY_DEFAULTS, Schema, SchemaFit, check_numeric_bins, request_lists
 from hybridrank.data.splits import SPLITS
 from hybridrank.data.vocab import vocab_policies
 from hybridrank.lists import ListData
@@ -94,7 +94,8 @@ class Source(abc.ABC):
     builder reads (:class:`~hybridrank.data.chunked.ChunkedSource`).
 
     Attributes (set by :meth:`_setup`): ``name`` (for messages), ``columns``, ``label_max``,
-    ``policies`` (value policies), ``vocab`` (vocabulary policies), ``normalize``, ``fit_rows``
+    ``policies`` (value policies), ``vocab`` (vocabulary policies), ``normalize``,
+    ``numeric_bins`` (the piecewise-linear encoding's bins per numeric feature, 0: none), ``fit_rows``
     (fit the schema on the first ``fit_rows`` training rows only), ``split`` (the split spec, or
     None: every row is training data); after :meth:`scan`, ``stats`` (rows, requests, positives
     and label counts per split) and ``train_stats`` (training rows and positives seen by the
@@ -109,12 +110,13 @@ class Source(abc.ABC):
     def _setup(self, *, name: str, columns: ColumnMap | None, label_max: float,
                schema: Schema | Mapping | None = None, policies: Mapping | None = None,
                vocab: Mapping | None = None, normalize: bool = True,
-               fit_rows: int | None = None) -> None:
+               fit_rows: int | None = None, numeric_bins: int = 0) -> None:
         self.name = name
         self.columns = columns
         self.label_max = float(label_max)
         self.policies = {**POLICY_DEFAULTS, **dict(policies or {})}
         self.normalize = bool(normalize)
+        self.numeric_bins = check_numeric_bins(numeric_bins)
         if fit_rows is not None and int(fit_rows) < 1:
             raise ValueError(f"{name}: fit_rows must be a positive number of rows or null, got {fit_rows}")
         self.fit_rows = None if fit_rows is None else int(fit_rows)
@@ -290,7 +292,7 @@ class Source(abc.ABC):
             self._eval_cache.clear()  # read with another schema
             self._eval_cached = 0
             fit = SchemaFit(self.columns_for_fit(), self.label_max, normalize=self.normalize,
-                            vocab=self.vocab, **self.policies)
+                            numeric_bins=self.numeric_bins, vocab=self.vocab, **self.policies)
         stats: dict[str, Any] = {s: {"rows": 0, "requests": 0, "positives": 0.0, "label_sum": 0.0,
                                      "labels": {}} for s in SPLITS}
         complete = True

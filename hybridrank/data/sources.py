@@ -170,6 +170,9 @@ class LetorSource(Source):
             features are padded with zero columns: absent LibSVM features are 0).
         normalize: standardise features with train mean / std (MSLR needs it; MQ2008 is already
             query-level normalised to [0, 1], standardising does no harm).
+        numeric_bins: 0, or each feature encoded piecewise-linearly over this many training
+            quantile bins (:func:`~hybridrank.data.schema.piecewise_linear`; a model's schema
+            keeps the edges).
         schema: a trained model's schema (or its dict): its width, scaler and label range are
             used instead of fitting on train.
 
@@ -182,7 +185,7 @@ class LetorSource(Source):
                  test: str | Path | Sequence[str | Path], label_max: float,
                  n_features: int | None = None, normalize: bool = True,
                  val_fraction: float = 0.2, seed: int = 0,
-                 schema: Schema | Mapping | None = None):
+                 schema: Schema | Mapping | None = None, numeric_bins: int = 0):
         given = Schema.coerce(schema)
         if given is not None:
             n_features, label_max = len(given.numeric), given.label_max
@@ -202,7 +205,7 @@ class LetorSource(Source):
         name = f"letor({Path(str(self.paths['train'][0])).parent.name})"
         self._given = given
         self._setup(name=name, columns=None, label_max=label_max, normalize=normalize,
-                    schema=given)
+                    schema=given, numeric_bins=numeric_bins)
 
     def layout(self) -> list[Chunk]:
         return self._one_chunk_layout()
@@ -275,6 +278,10 @@ class ClickLogSource(Source):
         fit_rows: fit the schema on the first ``fit_rows`` training rows (whole chunks) instead of
             all: faster; ids first seen later go to the OOV bucket 0.
         normalize: standardise numeric features with the training mean / std.
+        numeric_bins: 0, or each numeric feature encoded piecewise-linearly over this many
+            training quantile bins (:func:`~hybridrank.data.schema.piecewise_linear`; for dense
+            features a neural scorer reads poorly as single values; the edges come from a
+            uniform sample of training rows and travel in the model's schema).
         eval_cache_mb: a log read in several chunks keeps the validation and test parts it has
             read (transformed) up to this many MB, so that later validation passes and the test
             evaluation do not read every chunk again (each chunk holds a share of every split);
@@ -291,7 +298,7 @@ class ClickLogSource(Source):
                  max_request_span: float | None = MAX_REQUEST_SPAN,
                  vocab: Mapping | None = None, schema: Schema | Mapping | None = None,
                  chunk_rows: int | None = None, fit_rows: int | None = None,
-                 normalize: bool = True, eval_cache_mb: float = 256.0):
+                 normalize: bool = True, eval_cache_mb: float = 256.0, numeric_bins: int = 0):
         self.path = path if isinstance(path, str | Path) else [str(p) for p in path]
         self.pattern = str(path) if isinstance(path, str | Path) else str(self.path)
         cm = columns if isinstance(columns, ColumnMap) else ColumnMap.from_dict(columns)
@@ -302,7 +309,8 @@ class ClickLogSource(Source):
         policies = {"nan_policy": nan_policy, "fill_value": float(fill_value),
                     "duplicates": duplicates, "max_request_span": max_request_span}
         self._setup(name=self.pattern, columns=cm, label_max=label_max, schema=schema,
-                    policies=policies, vocab=vocab, normalize=normalize, fit_rows=fit_rows)
+                    policies=policies, vocab=vocab, normalize=normalize, fit_rows=fit_rows,
+                    numeric_bins=numeric_bins)
         if not float(eval_cache_mb) >= 0:
             raise ValueError(f"eval_cache_mb must be >= 0, got {eval_cache_mb}")
         self.eval_cache_bytes = int(float(eval_cache_mb) * 2**20)
