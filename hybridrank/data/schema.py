@@ -173,15 +173,18 @@ class Schema:
 
     @classmethod
     def fit(cls, train: pl.DataFrame, columns: ColumnMap, label_max: float, *,
-            normalize: bool = True, vocab: Mapping | None = None, **policies) -> Schema:
-        """Fit vocabularies and the scaler on the (validated) train frame; record the policies.
+            normalize: bool = True, numeric_bins: int = 0, vocab: Mapping | None = None,
+            **policies) -> Schema:
+        """Fit vocabularies and the scaler (and the bins of ``numeric_bins``) on the (validated)
+        train frame; record the policies.
 
         :class:`SchemaFit` over one frame (the fit a streamed source runs chunk by chunk).
         ``vocab`` is the ``vocab:`` config node (:func:`~hybridrank.data.vocab.vocab_policies`) or
         ``{column: VocabPolicy}``; None keeps every train value of every column. The embedding
         rows of each column (and a hashed column's bucket use) are logged.
         """
-        fit = SchemaFit(columns, label_max, normalize=normalize, vocab=vocab, **policies)
+        fit = SchemaFit(columns, label_max, normalize=normalize, numeric_bins=numeric_bins,
+                        vocab=vocab, **policies)
         if train.height == 0:
             raise ValueError("Schema.fit: the train frame is empty")
         fit.update(train)
