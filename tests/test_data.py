@@ -826,3 +826,13 @@ def test_explore_and_propensity_roles_are_read_checked_and_batched():
         validate_frame(frame.with_columns(pl.Series("ex", [2, 2, 0, 0, 1])), cm, label_max=1)
     with pytest.raises(ValueError, match=r"propensity 'pr' missing or outside \(0, 1\]"):
         validate_frame(frame.with_columns(pl.Series("pr", [0.5, 0.5, 0.0, 0.1, 1.0])), cm, label_max=1)
+
+
+def test_a_constant_column_is_scaled_by_one_not_by_rounding_noise():
+    """A constant training column whose mean lands one ulp off its value has a "std" of ~1e-13:
+    it is stored as 1, so a serving value of 683 reads 0.24, not 2e12 (found by Hypothesis)."""
+    cm = ColumnMap(request="r", label="y", numeric=["a"])
+    df = pl.DataFrame({"r": [0, 0, 1], "y": [0, 1, 0], "a": [682.7634171249226] * 3})
+    schema = Schema.fit(df, cm, 1)
+    assert schema.std == (1.0,)
+    assert schema.read(df.with_columns(a=pl.lit(683.0))).num.flatten().tolist() == pytest.approx([0.2366] * 3, abs=1e-3)

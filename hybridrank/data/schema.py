@@ -61,7 +61,8 @@ class Schema:
             strings; value ``vocab[c][k]`` has code ``k + 1``, code 0 is out-of-vocabulary
             (unseen, dropped by the policy, or missing). Hashed columns have no entry.
         mean, std: train mean and standard deviation (population) of each numeric feature;
-            a std of 0 (or undefined) is stored as 1. ``normalize=False`` stores 0 / 1.
+            a std of 0 (or undefined, or under 1e-12 of the mean: a constant column's rounding
+            noise) is stored as 1. ``normalize=False`` stores 0 / 1.
         label_max: the largest label value (1 for clicks, 2 for MQ2008, 4 for MSLR).
         columns: the :class:`ColumnMap` that was used.
         nan_policy, fill_value, duplicates, max_request_span: the value policies of
@@ -542,7 +543,9 @@ class SchemaFit:
         if num and self.normalize:
             std = np.sqrt(np.divide(self._m2, self._n, out=np.zeros_like(self._m2), where=self._n > 0))
             means = tuple(float(v) for v in self._mean)
-            stds = tuple(float(s) if np.isfinite(s) and s > 0 else 1.0 for s in std)
+            # a constant column's std is rounding noise (a mean one ulp off the value): 1
+            stds = tuple(float(s) if np.isfinite(s) and s > 1e-12 * abs(m) and s > 0 else 1.0
+                         for s, m in zip(std, self._mean))
         else:
             means, stds = (0.0,) * len(num), (1.0,) * len(num)
         # the columns with missing training values (present only under nan_policy='indicator')
