@@ -133,3 +133,22 @@ def test_a_model_trained_on_bins_scores_new_files_with_its_edges(tmp_path, compo
     z = model.predict_split(data)[0]
     assert frame.height == 1200
     assert np.sort(frame["pctr"].to_numpy()) == pytest.approx(np.sort(torch.sigmoid(z).numpy()), rel=1e-5)
+
+
+def test_bins_and_missing_value_features_together():
+    """Under ``nan_policy="indicator"`` a hole reads the training mean (0) before binning, the
+    edges come from the present values only, and the indicator columns follow the bins."""
+    from hybridrank.data.validate import validate_frame
+
+    df = _frame(200, seed=5).with_row_index("i").with_columns(
+        a=pl.when(pl.col("i") % 4 == 0).then(None).otherwise(pl.col("a"))).drop("i")
+    df = validate_frame(df, CM, label_max=1, nan_policy="indicator")
+    schema = Schema.fit(df, CM, 1, numeric_bins=3, nan_policy="indicator")
+    present = df["a"].drop_nulls().to_numpy()
+    want = (np.quantile(present, [0, 1 / 3, 2 / 3, 1]) - present.mean()) / present.std()
+    assert schema.bins[0] == pytest.approx(tuple(want))
+    assert schema.feature_names == ("a:bin0", "a:bin1", "a:bin2", "b", "a:missing")
+    num = schema.transform(df).num.numpy()
+    gone = df["a"].is_null().to_numpy()
+    assert np.array_equal(num[:, 4], gone.astype(np.float32))
+    assert num[gone, :3] == pytest.approx(np.tile(piecewise_linear(np.zeros(1), want), (gone.sum(), 1)))
