@@ -76,6 +76,31 @@ def test_penalties_equal_brute_force_loops(k, seed):
     assert frequency_penalty(scorer, cat, None, w).item() == pytest.approx(ref, rel=1e-5)
 
 
+@pytest.mark.parametrize("k", range(5))
+def test_the_row_sum_and_the_lookup_give_one_penalty_and_one_gradient(k):
+    """Small dense tables sum the penalty per row, sparse ones by looking the batch's rows up
+    (:func:`weighted_square_norms`): the same values and the same gradients, row for row."""
+    cat, request, counts = _batch(3)
+    weights = [(1.0 / c.double().clamp(min=1)).float() for c in counts]
+
+    def run(sparse: bool):
+        scorer = _scorers()[k]
+        tables = [t for m in scorer.modules() if isinstance(m, torch.nn.Embedding) for t in [m]]
+        for t in tables:
+            t.sparse = sparse
+        values = [embedding_penalty(scorer, cat), frequency_penalty(scorer, cat, request, weights)]
+        (values[0] + 3.0 * values[1]).backward()
+        grads = [t.weight.grad.to_dense() if t.weight.grad is not None else torch.zeros_like(t.weight)
+                 for t in tables]
+        return [v.item() for v in values], grads
+
+    (dense_values, dense_grads), (sparse_values, sparse_grads) = run(False), run(True)
+    assert dense_values == pytest.approx(sparse_values, rel=1e-6)
+    for a, b in zip(dense_grads, sparse_grads, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
+    assert any(g.abs().sum() > 0 for g in dense_grads)
+
+
 def test_frequency_penalty_is_a_prior_over_an_epoch():
     """Summed over the batches of an epoch (whole requests, any batching) and multiplied by each
     batch's size, the penalty is ``Σ_rows ||row||²`` over every row the training data holds:
