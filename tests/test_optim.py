@@ -220,3 +220,51 @@ def test_ranker_hook_name_fast_path_keeps_module_semantics():
     m.buf = torch.zeros(1)                                   # a buffer assignment stays a buffer
     assert len(list(m.parameters())) == n_params + 3 and "extra" in dict(m.named_modules())
     assert "buf" in dict(m.named_buffers()) and float(m.buf) == 0.0
+
+
+def test_dense_parameters_take_torchs_fused_kernel_and_a_loss_scaler_unscales_every_gradient():
+    """Where this torch has a fused Adam kernel for the parameters' device, the dense parameters
+    take it (the same step as torch's Adam, tested above; not when the caller asks for foreach).
+    The lazy rows do not read a loss scale, so the optimizer leaves the unscaling to the scaler:
+    under a GradScaler a sparse table and a dense layer move exactly as without one."""
+    lin = torch.nn.Linear(3, 1)
+    opt = LazyAdam(lin.parameters(), lr=0.1)
+    assert opt.defaults["fused"] == (optim.fused_adam_runs_on(list(lin.parameters())) or None)
+    if tuple(int(x) for x in torch.__version__.split(".")[:2]) >= (2, 4):
+        assert opt.defaults["fused"] is True          # torch has had a CPU kernel since 2.4
+    assert not opt._step_supports_amp_scaling
+    assert not LazyAdam(lin.parameters(), foreach=True).defaults["fused"]
+    assert not LazyAdam(lin.parameters(), fused=False).defaults["fused"]
+    assert not optim.fused_adam_runs_on([torch.zeros(2, dtype=torch.int64)])
+
+    def model():
+        torch.manual_seed(0)
+        return torch.nn.ModuleDict({"emb": torch.nn.Embedding(9, 2, sparse=True),
+                                    "lin": torch.nn.Linear(2, 1)})
+
+    scaler_cls = getattr(getattr(torch, "amp", None), "GradScaler", None)
+    if scaler_cls is None:
+        pytest.skip("this torch has no device-generic GradScaler")
+    try:
+        scaler = scaler_cls("cpu", init_scale=2.0 ** 8)
+    except (RuntimeError, TypeError):
+        pytest.skip("this torch has no CPU GradScaler")
+    plain, scaled = model(), model()
+    # Adam's step is nearly scale-free; a large eps and an L2 term make a missed unscale show
+    opt_p = LazyAdam(plain.parameters(), lr=0.01, eps=0.1, weight_decay=0.1)
+    opt_s = LazyAdam(scaled.parameters(), lr=0.01, eps=0.1, weight_decay=0.1)
+    for s in range(4):
+        g = torch.Generator().manual_seed(s)
+        idx = torch.randint(0, 9, (6,), generator=g)
+        for m, opt in ((plain, opt_p), (scaled, opt_s)):
+            opt.zero_grad()
+            loss = m["lin"](m["emb"](idx)).pow(2).sum()
+            if opt is opt_s:
+                scaler.scale(loss).backward()
+                scaler.step(opt)
+                scaler.update()
+            else:
+                loss.backward()
+                opt.step()
+    for (n, p), q in zip(plain.named_parameters(), scaled.parameters(), strict=True):
+        torch.testing.assert_close(p, q, rtol=1e-6, atol=1e-7, msg=n)

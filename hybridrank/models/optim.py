@@ -19,6 +19,11 @@ same update (tested against ``torch.optim.Adam`` / ``AdamW``), and on random bat
 ``SparseAdam``'s rule (tested; ``SparseAdam`` adds ``eps`` before the bias correction, Adam and
 this class after it).
 
+Dense parameters take torch's fused Adam kernel (one kernel for every tensor) where the torch
+build has one for their device (CPU since torch 2.4, CUDA; :func:`fused_adam_runs_on`), unless the
+caller names ``fused`` or ``foreach``: on this project's 2-core machine the default MLP scorer's
+Adam step took 0.13-0.17 ms against 0.49-0.51 ms for torch's per-tensor loop (its CPU default).
+
 Adam: Kingma & Ba 2015, "Adam: A Method for Stochastic Optimization" (the bias-corrected moments
 used here); AdamW's decoupled decay: Loshchilov & Hutter 2019. On the CPU the lazy step coalesces
 the gradient (one read and one write per distinct row). On an accelerator the update has a fixed
@@ -30,6 +35,7 @@ yet on a GPU.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable
 from typing import Any
 
@@ -37,7 +43,7 @@ import torch
 
 from hybridrank._device import free_to_read
 
-__all__ = ["LazyAdam", "lazy_adam_rows", "SPARSE_MIN_ELEMENTS"]
+__all__ = ["LazyAdam", "fused_adam_runs_on", "lazy_adam_rows", "SPARSE_MIN_ELEMENTS"]
 
 #: the smallest table (rows x dim) that ``model.sparse_tables: auto`` makes sparse. Measured on this
 #: project's 2-core machine, one table, 4,096 lookups a step, dense Adam against the lazy step: at
@@ -102,6 +108,32 @@ def lazy_adam_rows(param: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Tenso
             table[rows] = new                 # repeated rows write equal values
 
 
+def fused_adam_runs_on(params: Iterable[Any]) -> bool:
+    """Whether torch's fused Adam kernel takes every parameter in ``params`` (tensors or param
+    group dicts): floating point, on device types where this torch build has the kernel (found by
+    one step of a one-element Adam on each device type, once).
+
+    >>> fused_adam_runs_on([torch.zeros(2, requires_grad=True)]) in (True, False)
+    True
+    >>> fused_adam_runs_on([torch.zeros(2, dtype=torch.int64)])
+    False
+    """
+    tensors = [t for p in params for t in (p["params"] if isinstance(p, dict) else [p])]
+    return bool(tensors) and all(t.is_floating_point() for t in tensors) \
+        and all(_fused_adam_on(d) for d in {t.device.type for t in tensors})
+
+
+@functools.cache
+def _fused_adam_on(device_type: str) -> bool:
+    try:
+        p = torch.zeros(1, device=device_type, requires_grad=True)
+        p.grad = torch.ones_like(p)
+        torch.optim.Adam([p], fused=True).step()
+    except (RuntimeError, TypeError, ValueError, NotImplementedError):
+        return False
+    return True
+
+
 class LazyAdam(torch.optim.Adam):
     """``torch.optim.Adam`` whose sparse gradients update only the rows they hold (module
     docstring). Takes Adam's arguments (``decoupled_weight_decay=True``: AdamW's decay); dense
@@ -122,9 +154,16 @@ class LazyAdam(torch.optim.Adam):
 
     def __init__(self, params: Iterable[Any], lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
                  eps: float = 1e-8, weight_decay: float = 0.0, amsgrad: bool = False, *,
-                 decoupled_weight_decay: bool = False, **kwargs: Any):
+                 decoupled_weight_decay: bool = False, fused: bool | None = None, **kwargs: Any):
+        params = list(params)
+        if fused is None and not any(kwargs.get(k) for k in ("foreach", "capturable", "differentiable")):
+            fused = fused_adam_runs_on(params) or None
         super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
-                         amsgrad=amsgrad, decoupled_weight_decay=decoupled_weight_decay, **kwargs)
+                         amsgrad=amsgrad, decoupled_weight_decay=decoupled_weight_decay, fused=fused,
+                         **kwargs)
+        # a fused Adam takes the loss scale of fp16 training into its own step; the lazy rows do
+        # not, so the scaler unscales every gradient before the step, as for the unfused one
+        self._step_supports_amp_scaling = False
 
     @torch.no_grad()
     def step(self, closure=None):
