@@ -474,3 +474,41 @@ def test_list_aware_learns_list_relative_target():
                                      base_rate=rate), draw_list_relative)
     assert per_impression > 0.5 * excess_log_loss(p, torch.full_like(p, math.log(rate / (1 - rate))))
     assert list_aware < 0.2 * per_impression
+
+
+@pytest.mark.parametrize("name", list(SCORERS))
+def test_training_lookups_give_the_embeddings_own_gradients(name, monkeypatch):
+    """Training steps look the id tables' rows up through ``lookup_rows`` (an ``index_add_``
+    backward): every parameter gets the gradient the plain ``nn.Embedding`` lookup gives, codes
+    repeated and the OOV row included; inference and a TorchScript trace take the plain lookup."""
+    from hybridrank.models import scorers as S
+
+    g = torch.Generator().manual_seed(7)
+    num = torch.randn(40, 3, generator=g)
+    cat = torch.stack([torch.randint(0, v + 1, (40,), generator=g) for v in VOCAB], dim=1)
+    request = torch.repeat_interleave(torch.arange(8), 5)
+    up = torch.randn(40, 1, generator=g)
+
+    def grads():
+        torch.manual_seed(0)
+        s = randomize(build(name))   # zero-initialised heads would pass no gradient to the tables
+        (s(num, cat, request) * up).sum().backward()
+        return {n: p.grad.clone() for n, p in s.named_parameters() if p.grad is not None}
+
+    calls = []
+    real = S._RowLookup.apply
+    monkeypatch.setattr(S._RowLookup, "apply", lambda *a: calls.append(1) or real(*a))
+    routed = grads()
+    assert calls, "no training lookup went through _RowLookup"
+    monkeypatch.setattr(S, "lookup_rows", lambda t, c: t(c))
+    plain = grads()
+    assert routed.keys() == plain.keys()
+    for n in plain:
+        torch.testing.assert_close(routed[n], plain[n], rtol=1e-5, atol=1e-7, msg=n)
+    assert any(n.endswith("weight") and "tables" in n and plain[n].abs().sum() > 0 for n in plain)
+    monkeypatch.undo()
+    calls.clear()
+    monkeypatch.setattr(S._RowLookup, "apply", lambda *a: calls.append(1) or real(*a))
+    with torch.no_grad():
+        build(name)(num, cat, request)
+    assert not calls
