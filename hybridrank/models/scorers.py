@@ -72,8 +72,10 @@ def lookup_rows(table: nn.Embedding, codes: torch.Tensor) -> torch.Tensor:
     """``table(codes)`` for ``[B]`` codes: through :class:`_RowLookup` when a training step needs
     the gradient of a plain table with dense gradients (none of ``padding_idx``, ``max_norm``,
     ``scale_grad_by_freq``; under :data:`~hybridrank.models.optim.SPARSE_MIN_ELEMENTS` weights, the
-    size from which ``sparse_tables: auto`` makes a table sparse); through the embedding itself otherwise (sparse
-    tables, inference, a TorchScript trace or an ONNX export, which record the plain lookup).
+    size from which ``sparse_tables: auto`` makes a table sparse; on the CPU, where it was measured:
+    an accelerator keeps its own embedding backward until measured there); through the embedding
+    itself otherwise (sparse tables, inference, a TorchScript trace or an ONNX export, which record
+    the plain lookup).
 
     >>> t = nn.Embedding(4, 2)
     >>> codes = torch.tensor([1, 3, 1])
@@ -86,7 +88,8 @@ def lookup_rows(table: nn.Embedding, codes: torch.Tensor) -> torch.Tensor:
     w = table.weight
     if (table.sparse or not (torch.is_grad_enabled() and w.requires_grad)
             or table.padding_idx is not None or table.max_norm is not None or table.scale_grad_by_freq
-            or w.numel() >= SPARSE_MIN_ELEMENTS or torch.jit.is_tracing() or torch.jit.is_scripting()
+            or w.numel() >= SPARSE_MIN_ELEMENTS or w.device.type != "cpu"
+            or torch.jit.is_tracing() or torch.jit.is_scripting()
             or torch.onnx.is_in_onnx_export() or codes.dim() != 1):
         return table(codes)
     return _RowLookup.apply(w, codes)
