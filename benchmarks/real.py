@@ -49,7 +49,7 @@ LGBM = ("lgbm_binary", "lgbm_lambdarank")
 UNCALIBRATED = {"lgbm_lambdarank"}
 #: the small-data settings of experiment=letor, for the data sets it does not select
 SMALL_DATA = ["model.scorer.hidden=[64,32]", "model.scorer.dropout=0.1", "model.optimizer.lr=0.001",
-              "data.budget=1024", "trainer.max_epochs=60", "callbacks.early_stopping.patience=8"]
+              "data.budget=1024", "data.min_batches=0", "trainer.max_epochs=60", "callbacks.early_stopping.patience=8"]
 DATASETS = ("mq2008", "mslr", "open_bandit")
 TITLES = {"mq2008": "MQ2008, 5 folds", "mslr": "MSLR-WEB subset", "open_bandit": "Open Bandit sample"}
 LABELS = {"lgbm_binary": "LightGBM binary", "lgbm_lambdarank": "LightGBM lambdarank"}

@@ -15,7 +15,8 @@ from hydra import compose, initialize_config_module
 
 from hybridrank.cli.train import CONF_MODULE, train
 
-OVERRIDES = ["data.source.n_users=300", "trainer.max_epochs=3", "data.budget=1024",
+# the kill step (tests/test_resume.py) falls mid-epoch at exactly this budget (min_batches off)
+OVERRIDES = ["data.source.n_users=300", "trainer.max_epochs=3", "data.budget=1024", "data.min_batches=0",
              "trainer.enable_progress_bar=false", "callbacks.last_checkpoint.train_time_interval=null",
              "+callbacks.last_checkpoint.every_n_train_steps=4"]
 

@@ -12,6 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from hybridrank.data.collate import ListDataset, collate
+from hybridrank.data.datamodule import MIN_FITTED_BUDGET, fitted_budget
 from hybridrank.data.sampler import GroupBatchSampler, negative_counts, unit_ids
 from hybridrank.lists import ListData, lengths_to_offsets
 
@@ -325,3 +326,66 @@ def test_the_batch_builder_needs_only_the_chunked_source_members():
                if not n.startswith("__") and (inspect.isfunction(v) or isinstance(v, property))}
     assert members == {"schema", "layout", "read_chunk"}
     assert all(hasattr(Source, n) for n in members)
+
+
+@given(st.integers(0, 2_000_000), st.sampled_from([64, 512, 4096, 65536]), st.integers(0, 64),
+       st.sampled_from([None, 16, 512, 4096]))
+def test_fitted_budget_gives_an_epoch_min_batches_above_its_floor(rows, budget, min_batches, cap):
+    """``fitted_budget`` against its contract, checked by counting: never over the budget; a
+    shrunk budget gives an epoch at least ``min_batches`` batches (``ceil(rows / budget)``
+    is the fewest batches whole units can pack into) unless it stopped at the floor
+    (512, or the unit cap); off (0) or uncapped units: the budget as given."""
+    cap = None if cap is None else min(cap, budget)  # the data module caps units at the budget
+    got = fitted_budget(rows, budget, min_batches, cap)
+    assert got <= budget
+    if min_batches == 0 or cap is None:
+        assert got == budget
+        return
+    floor = min(budget, max(MIN_FITTED_BUDGET, cap))
+    assert got >= floor
+    if got < budget and got > floor:
+        assert math.ceil(rows / got) >= min_batches
+    if rows >= budget * min_batches:
+        assert got == budget
+
+
+def test_a_small_training_split_gets_min_batches_batches_and_a_large_one_keeps_the_budget():
+    """Through the data module on simulated logs: a ~5k-impression training split trains in
+    batches of ``max(512, ceil(rows / 32))`` and an epoch has at least 32 of them; a log of more
+    than ``budget * min_batches`` impressions keeps the budget; ``min_batches=0`` keeps it."""
+    from hybridrank.data.datamodule import ListDataModule
+    from hybridrank.data.sources import SimulatedSource
+
+    def module(n_users, **kwargs):
+        return ListDataModule(SimulatedSource(n_users=n_users, n_items=300, seed=3), budget=4096,
+                              **kwargs)
+
+    small = module(250, min_batches=32)
+    small.model_data()
+    rows = small.split_rows["train"]
+    assert rows < 4096 * 32
+    assert small.budget == max(512, math.ceil(rows / 32)) < 4096
+    assert small.max_budget == 4096
+    batches = list(small.train_stream(0))
+    assert len(batches) >= 32 and max(len(b) for b in batches) <= small.budget
+    assert sum(len(b) for b in batches) == rows
+
+    off = module(250, min_batches=0)
+    off.model_data()
+    assert off.budget == 4096 and len(list(off.train_stream(0))) < 32
+    uncapped = module(250, min_batches=32, max_unit_size=None)
+    uncapped.model_data()
+    assert uncapped.budget == 4096
+
+    large = module(2500, min_batches=32)
+    large.model_data()
+    assert large.split_rows["train"] > 4096 * 32 and large.budget == 4096
+
+
+@pytest.mark.parametrize("bad", [-1, 2.5, True, "32"])
+def test_min_batches_must_be_a_whole_number(bad):
+    from hybridrank.data.datamodule import ListDataModule
+    from hybridrank.data.sources import SimulatedSource
+
+    with pytest.raises(ValueError, match=r"data\.min_batches must be a whole number >= 0"):
+        ListDataModule(SimulatedSource(n_users=20, seed=0), min_batches=bad)

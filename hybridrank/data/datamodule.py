@@ -75,6 +75,29 @@ class ResumableLoader(DataLoader):
             self.stream.start = done
 
 
+#: the smallest batch ``min_batches`` shrinks the budget to (impressions)
+MIN_FITTED_BUDGET = 512
+
+
+def fitted_budget(train_rows: int, budget: int, min_batches: int,
+                  max_unit_size: int | None) -> int:
+    """The training batch budget for a split of ``train_rows`` impressions: ``budget``, or less so
+    that an epoch has at least ``min_batches`` batches, never under :data:`MIN_FITTED_BUDGET` nor
+    under ``max_unit_size`` (every capped unit must fit one batch). ``min_batches=0`` or
+    ``max_unit_size=None`` (units of any size): ``budget``.
+
+    >>> fitted_budget(20_000, 4096, 32, 512)     # 625 impressions: 32 batches an epoch
+    625
+    >>> fitted_budget(9_000, 4096, 32, 512)      # never under 512
+    512
+    >>> fitted_budget(1_000_000, 4096, 32, 512)  # a large log keeps the budget
+    4096
+    """
+    if not min_batches or max_unit_size is None:
+        return budget
+    return min(budget, max(MIN_FITTED_BUDGET, max_unit_size, -(-train_rows // min_batches)))
+
+
 class ListDataModule(pl.LightningDataModule):
     """Serves batches of whole requests for train / val / test (what ``conf/data`` builds), for
     every source: in memory (one chunk) or streamed (many).
@@ -92,7 +115,17 @@ class ListDataModule(pl.LightningDataModule):
         source: a :class:`~hybridrank.data.source.Source`: ``SimulatedSource``, ``LetorSource``,
             ``ClickLogSource``, ``StreamingClickLogSource``.
         splits: already loaded ``Splits`` instead of a source.
-        budget: impressions per training batch.
+        budget: impressions per training batch, at most (see ``min_batches``).
+        min_batches: a small training split gets smaller batches, so that an epoch has at least
+            this many (0, the default here: ``budget`` as given; the shipped config,
+            ``conf/batching/default.yaml``, sets 32). After the first pass over the training rows the
+            budget becomes ``min(budget, max(MIN_FITTED_BUDGET, max_unit_size,
+            ceil(rows / min_batches)))``; with capping off (``max_unit_size=None``) it stays as
+            given. Why: at 4,096 impressions a 20k-impression log has five steps an epoch, and
+            early stopping (counted in epochs) ends training after a few dozen steps; on small
+            logs smaller batches gave lower test log loss for every scorer (docs/BENCHMARKS.md,
+            "Batch size on small logs"). Logs over ``budget * min_batches`` impressions keep
+            ``budget``.
         scope: ranking-term pooling scope: ``request``, ``session``, ``user``, ``user_window``.
         window: window length for ``user_window``.
         max_unit_size: cap on a unit's impressions (negatives dropped at random).
@@ -122,7 +155,8 @@ class ListDataModule(pl.LightningDataModule):
     """
 
     def __init__(self, source: Source | None = None, *, splits: Splits | None = None,
-                 budget: int = 4096, scope: str = "request", window: float | None = None,
+                 budget: int = 4096, min_batches: int = 0, scope: str = "request",
+                 window: float | None = None,
                  max_unit_size: int | None = 512, reweight_negatives: bool = True,
                  eval_budget: int = 16384, shuffle: bool = True, seed: int = 0,
                  num_workers: int = 0, device_batches: str | bool = "auto",
@@ -140,7 +174,12 @@ class ListDataModule(pl.LightningDataModule):
             raise ValueError(f"unknown sampler scope {scope!r}; choose one of {POOLING_SCOPES}")
         if budget < 1:
             raise ValueError(f"sampler budget must be positive, got {budget}")
+        if isinstance(min_batches, bool) or not isinstance(min_batches, int) or min_batches < 0:
+            raise ValueError(f"data.min_batches must be a whole number >= 0 (0: off), got "
+                             f"{min_batches!r}")
         self.source = source
+        #: the budget as configured; ``budget`` is what training uses (``min_batches``)
+        self.max_budget, self.min_batches = int(budget), int(min_batches)
         self.budget, self.scope, self.window = int(budget), scope, window
         self.max_unit_size = None if max_unit_size is None else min(int(max_unit_size), self.budget)
         self.reweight_negatives = bool(reweight_negatives)
@@ -212,6 +251,13 @@ class ListDataModule(pl.LightningDataModule):
             self.source.check_splits(SPLITS)
             self._check_periods()
             rows, pos = stats["train"]["rows"], stats["train"]["positives"]
+            if complete:
+                self.budget = fitted_budget(int(rows), self.max_budget, self.min_batches,
+                                            self.max_unit_size)
+                if self.budget < self.max_budget:
+                    log.info("data: %s training impressions: batches of %s impressions "
+                             "(data.budget %s, data.min_batches %s)", f"{rows:,}",
+                             f"{self.budget:,}", f"{self.max_budget:,}", self.min_batches)
             #: impressions per split (None after a partial pass, ``fit_rows``)
             self.split_rows = {s: int(stats[s]["rows"]) for s in SPLITS} if complete else None
             #: requests per split (None after a partial pass)
