@@ -235,14 +235,14 @@ def test_console_scripts_print_one_message(tmp_path, parquet_file):
 
 
 NOISE = ("💡 Tip", "litlogger", "LeafSpec", "index_reduce", "sync_dist", "Traceback",
-         "is powered by Hydra")
+         "is powered by Hydra", "was configured so 100%")
 
 
 @pytest.mark.slow
 def test_console_is_quiet(tmp_path):
     """A default run prints none of our own warnings and none of the third-party noise we cause:
     Lightning's tip advert, torch's LeafSpec deprecation (raised by Lightning), index_reduce's beta
-    warning, and under DDP one sync_dist warning per logged metric. The real executable (import-time
+    warning, Lightning's note on a batch limit given as 1.0, and under DDP one sync_dist warning per logged metric. The real executable (import-time
     warnings included), on one process and under DDP, the two runs side by side."""
     exe = Path(sys.executable).with_name("hybridrank-train")
     if not exe.exists():

@@ -125,7 +125,8 @@ class ListDataModule(pl.LightningDataModule):
             early stopping (counted in epochs) ends training after a few dozen steps; on small
             logs smaller batches gave lower test log loss for every scorer (docs/BENCHMARKS.md,
             "Batch size on small logs"). Logs over ``budget * min_batches`` impressions keep
-            ``budget``.
+            ``budget``. Under DDP the count is over all ranks together (each rank gets its
+            share of the batches).
         scope: ranking-term pooling scope: ``request``, ``session``, ``user``, ``user_window``.
         window: window length for ``user_window``.
         max_unit_size: cap on a unit's impressions (negatives dropped at random).
