@@ -32,7 +32,7 @@ import json
 import math
 import tempfile
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from types import SimpleNamespace
@@ -706,16 +706,32 @@ def against_table(results: Sequence[Mapping[str, Any]], against: str = "referenc
     return "\n".join(lines)
 
 
+def baseline_of(name: str, names: Iterable[str]) -> str | None:
+    """The variant ``name`` is compared with: the longest other variant ``BASE`` with ``name`` =
+    ``BASE_suffix``, or None.
+
+    >>> baseline_of("fm_old", ["fm", "fm_old"]), baseline_of("list_aware_old", ["list_aware", "list_aware_old"])
+    ('fm', 'list_aware')
+    >>> baseline_of("list_aware", ["list_aware", "mlp"]) is None
+    True
+    """
+    bases = [b for b in names if b != name and name.startswith(b + "_")]
+    return max(bases, key=len) if bases else None
+
+
 def paired_table(results: Sequence[Mapping[str, Any]]) -> str:
-    """Each variant ``BASE_suffix`` against ``BASE`` (``fm_old`` against ``fm``) on the worlds both
-    ran with ``--score model``: the mean and range of the excess ratio, the worlds where it is
-    worse / better by two standard errors of the paired difference over requests, the mean
-    difference of the NDCG@10 gaps and the epochs."""
+    """Each variant ``BASE_suffix`` against ``BASE`` (``fm_old`` against ``fm``, ``list_aware_old``
+    against ``list_aware``: :func:`baseline_of`) on the worlds both ran with ``--score model``: the
+    mean and range of the excess ratio, the worlds where it is worse / better by two standard
+    errors of the paired difference over requests, the mean difference of the NDCG@10 gaps and
+    the epochs."""
     lines = ["| variant | worlds | excess ratio to baseline: mean (min-max) | worse / better by 2 SE | "
              "NDCG@10 gap minus baseline's: mean | epochs: mean (baseline's) |", "|---|---|---|---|---|---|"]
-    for name in _by_variant(results):
-        pairs = [(a, b) for a, b in _pairs(results, name, name.split("_")[0])
-                 if "_" in name and "req_excess" in a and "req_excess" in b]
+    names = _by_variant(results)
+    for name in names:
+        base = baseline_of(name, names)
+        pairs = [(a, b) for a, b in (_pairs(results, name, base) if base else [])
+                 if "req_excess" in a and "req_excess" in b]
         if not pairs:
             continue
         ratios = [a["excess"] / b["excess"] for a, b in pairs]

@@ -356,6 +356,12 @@ def test_comparison_tables_against_hand_counts():
     assert "| fm_old | 2 | 1.025 (0.950-1.100) | 0 / 0 | -0.0045 | 5.0 (3.0) |" in paired_table(results)
     results[0]["rows"][1]["req_excess"] = [0.05, 0.05, 0.05, 0.05]  # d = 0.03 each: SE 0, worse
     assert "| 1 / 0 |" in paired_table(results)
+    # a scorer whose own name holds "_" pairs with itself, not with the part before the first "_"
+    for r, k in zip(results, (2.0, 0.5), strict=True):
+        r["rows"] += [{**r["rows"][0], "variant": "list_aware"},
+                      {**r["rows"][0], "variant": "list_aware_old", "excess": k * r["rows"][0]["excess"]}]
+    assert "| list_aware_old | 2 | 1.250 (0.500-2.000) |" in paired_table(results)
+    assert "| list_aware |" not in paired_table(results)
     assert "## Against reference FM" in tables(results) and "## Paired over test requests" in tables(results)
 
 

@@ -242,8 +242,9 @@ NOISE = ("💡 Tip", "litlogger", "LeafSpec", "index_reduce", "sync_dist", "Trac
 def test_console_is_quiet(tmp_path):
     """A default run prints none of our own warnings and none of the third-party noise we cause:
     Lightning's tip advert, torch's LeafSpec deprecation (raised by Lightning), index_reduce's beta
-    warning, Lightning's note on a batch limit given as 1.0, and under DDP one sync_dist warning per logged metric. The real executable (import-time
-    warnings included), on one process and under DDP, the two runs side by side."""
+    warning, Lightning's note on a batch limit given as 1.0, and under DDP one sync_dist warning
+    per logged metric. The real executable (import-time warnings included), on one process and
+    under DDP, the two runs side by side."""
     exe = Path(sys.executable).with_name("hybridrank-train")
     if not exe.exists():
         pytest.skip("hybridrank-train is not installed in this environment (pip install -e .)")
