@@ -503,3 +503,23 @@ def test_the_data_module_refuses_what_is_not_a_source():
         ListDataModule(SimulatedSource(n_users=5), splits=SimulatedSource(n_users=5).load())
     with pytest.raises(ValueError, match=r"unknown sampler scope 'sesion'"):
         ListDataModule(SimulatedSource(n_users=5), scope="sesion")
+
+
+def test_a_streamed_log_fits_its_batch_budget_as_the_same_log_in_memory(small_log):
+    """``data.min_batches`` reads the training impressions from the schema pass, which a streamed
+    log makes chunk by chunk: the same log streamed and in memory gets the same budget (here
+    the floor, 512: ~6k training impressions), and a streamed epoch keeps to it."""
+    from hybridrank.data.datamodule import fitted_budget
+
+    split = {"by": "hash", "val": 0.1, "test": 0.2, "key": "session"}
+    streamed = ListDataModule(StreamingClickLogSource(small_log["glob"], SIM_COLUMNS_MAP, chunk_rows=700,
+                                                      split=split), budget=4096, min_batches=32)
+    whole = ListDataModule(ClickLogSource(small_log["glob"], SIM_COLUMNS_MAP, split=split), budget=4096,
+                           min_batches=32)
+    streamed.model_data()
+    whole.model_data()
+    rows = whole.split_rows["train"]
+    assert streamed.split_rows["train"] == rows and rows < 4096 * 32
+    assert streamed.budget == whole.budget == fitted_budget(rows, 4096, 32, 512) == 512
+    batches = list(streamed.train_stream(0))
+    assert max(len(b) for b in batches) <= 512 and sum(len(b) for b in batches) == rows
