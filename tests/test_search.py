@@ -44,29 +44,40 @@ def test_there_are_searches_for_the_default_model_and_fm():
     assert {"default", "fm"} <= set(SEARCHES), SEARCHES
 
 
+#: the data a search is composed with in the tests (the dense search's key
+#: data.source.numeric_bins is a key of the file sources, not of the built-in simulator)
+SEARCH_DATA = {"dense": ("data=letor_mq2008",)}
+
+
 @pytest.mark.parametrize("name", SEARCHES)
 def test_shipped_search_is_sound(name):
     """Every search key is a key of the composed config, the metric is a validation one whose
-    direction the sweeper follows, the sampler is seeded, at most 30 trials, and the settings the
-    issue names are searched: learning rate and embedding L2 on a log scale, embedding size, the
-    loss mix."""
+    direction the sweeper follows, the sampler is seeded, at most 30 trials, the learning rate on
+    a log scale, and the settings each search is for: for the id-based searches (default, fm)
+    embedding L2 on a log scale, embedding size and the loss mix (pure BCE among the choices);
+    for the dense-feature search the scorer (mlp, deepfm) and the numeric encoding (0: none)."""
     _plugin()
-    cfg = _compose_with_hydra(f"hparams_search={name}")
+    cfg = _compose_with_hydra(f"hparams_search={name}", *SEARCH_DATA.get(name, ()))
     sweeper = cfg.hydra.sweeper
     assert cfg.optimized_metric.startswith("val/")
     assert str(sweeper.direction) == metric_direction(cfg.optimized_metric)
     assert 2 <= sweeper.n_trials <= 30
     assert sweeper.sampler.seed is not None
     params = {str(k): str(v) for k, v in sweeper.params.items()}
+    groups = cfg.hydra.runtime.choices
     for key in params:
-        assert OmegaConf.select(cfg, key, default="<absent>") != "<absent>", key
+        assert key in groups or OmegaConf.select(cfg, key, default="<absent>") != "<absent>", key
     assert params["model.optimizer.lr"].startswith("tag(log")
-    assert params["model.embedding_l2"].startswith("tag(log")
-    low = float(params["model.embedding_l2"].split("interval(")[1].split(",")[0])
-    assert low <= 1e-4  # small values are in reach (0.0 is the shipped default)
-    assert "model.scorer.emb_dim" in params
-    mix = [k for k in params if k.startswith("model.loss.")]
-    assert mix and "0.0" in params[mix[0]]  # pure BCE, the shipped loss, is one of the choices
+    if name == "dense":
+        assert params["model"] == "choice(mlp, deepfm)"
+        assert params["data.source.numeric_bins"].startswith("choice(0,")
+    else:
+        assert params["model.embedding_l2"].startswith("tag(log")
+        low = float(params["model.embedding_l2"].split("interval(")[1].split(",")[0])
+        assert low <= 1e-4  # small values are in reach (0.0 is the shipped default)
+        assert "model.scorer.emb_dim" in params
+        mix = [k for k in params if k.startswith("model.loss.")]
+        assert mix and "0.0" in params[mix[0]]  # pure BCE, the shipped loss, is one of the choices
     check_sweep(cfg)  # raises on any of the bad inputs below
 
 
@@ -140,8 +151,8 @@ def test_missing_sweeper_plugin_names_the_install(run_cli, tmp_path, monkeypatch
     sweepers = ConfigStore.instance().repo["hydra"]["sweeper"]
     if "optuna.yaml" in sweepers:
         monkeypatch.delitem(sweepers, "optuna.yaml")
-    for name in ("default", "fm"):
-        code, _, err = run_cli("hybridrank-train", f"hparams_search={name}")
+    for name in SEARCHES:
+        code, _, err = run_cli("hybridrank-train", f"hparams_search={name}", *SEARCH_DATA.get(name, ()))
         _one_message("hybridrank-train", code, err, "optuna sweeper", "not installed",
                      "pip install 'hybridrank[search]'")
     assert not (tmp_path / "multirun").exists()
@@ -300,3 +311,65 @@ def test_progress_line_and_a_nan_trial(capsys):
         lines[1].endswith("best so far: trial 0 (0.13)")
     assert lines[2].endswith("best so far: trial 2 (0.12)") and lines[3].endswith("best so far: trial 2 (0.12)")
     assert returned[1] == math.inf and returned[2] == 0.12
+
+
+def _tiny_letor(folder: Path, seed: int = 0) -> list[str]:
+    """Three LibSVM parts (train / vali / test) of 40 / 15 / 15 queries of 8 documents, 4
+    features; relevance grows with feature 1, so a scorer has something to learn."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    folder.mkdir()
+    paths, qid = [], 0
+    for part, n in (("train", 40), ("vali", 15), ("test", 15)):
+        lines = []
+        for _ in range(n):
+            qid += 1
+            for x in rng.random((8, 4)):
+                label = int(rng.random() < 0.1 + 0.6 * x[0])
+                lines.append(f"{label} qid:{qid} " + " ".join(f"{j + 1}:{v:.4f}" for j, v in enumerate(x)))
+        (folder / f"{part}.txt").write_text("\n".join(lines) + "\n")
+        paths.append(str(folder / f"{part}.txt"))
+    return paths
+
+
+@pytest.mark.slow
+def test_dense_search_end_to_end_on_a_letor_file(run_cli, tmp_path):
+    """``hparams_search=dense`` with 3 trials on a tiny LETOR log: the trials vary the scorer and
+    the numeric encoding, and what a trial's settings say reached the model it trained (its
+    scorer class, its schema's bin edges)."""
+    _plugin()
+    import torch
+
+    train, val, test = _tiny_letor(tmp_path / "letor")
+    sweep = tmp_path / "sweep"
+    code, out, err = run_cli("hybridrank-train", "hparams_search=dense", "data=letor_mq2008",
+                             f"data.source.train={train}", f"data.source.val={val}",
+                             f"data.source.test={test}", "data.source.n_features=4",
+                             "data.source.label_max=1", "hydra.sweeper.n_trials=3",
+                             "trainer.max_epochs=1", "intervals.n_boot=0", f"hydra.sweep.dir={sweep}")
+    assert code == 0, err[-3000:]
+    assert len([ln for ln in out.splitlines() if ln.startswith("[trial ")]) == 3
+    s = json.loads((sweep / SUMMARY_FILE).read_text())
+    assert s["n_finished"] == 3
+    assert {"model", "data.source.numeric_bins"} <= set(s["best"]["params"])
+    for n in range(3):
+        overrides = yaml.safe_load((sweep / str(n) / ".hydra" / "overrides.yaml").read_text())
+        given = dict(o.split("=", 1) for o in overrides)
+        ckpt = next((sweep / str(n) / "checkpoints").glob("epoch*.ckpt"))
+        hp = torch.load(ckpt, map_location="cpu", weights_only=False)["hyper_parameters"]
+        scorer = {"mlp": "MLPScorer", "deepfm": "DeepFMScorer"}[given["model"]]
+        assert hp["scorer"]["_target_"].endswith(scorer), (n, given)
+        bins = hp["data"]["schema"]["bins"]
+        if int(given["data.source.numeric_bins"]):
+            assert len(bins) == 4 and all(len(e) >= 2 for e in bins), (n, bins)
+        else:
+            assert not bins, (n, bins)
+
+
+def test_dense_search_on_the_simulator_names_the_key(run_cli, tmp_path):
+    """The built-in simulator has no numeric encoding to search: one message before trial 0."""
+    _plugin()
+    code, _, err = run_cli("hybridrank-train", "hparams_search=dense", *TINY)
+    _one_message("hybridrank-train", code, err, "'data.source.numeric_bins'", "not a key of the config")
+    assert not (tmp_path / "multirun").exists()
