@@ -353,9 +353,11 @@ def test_dense_search_end_to_end_on_a_letor_file(run_cli, tmp_path):
     s = json.loads((sweep / SUMMARY_FILE).read_text())
     assert s["n_finished"] == 3
     assert {"model", "data.source.numeric_bins"} <= set(s["best"]["params"])
+    seen_bins = set()
     for n in range(3):
         overrides = yaml.safe_load((sweep / str(n) / ".hydra" / "overrides.yaml").read_text())
         given = dict(o.split("=", 1) for o in overrides)
+        seen_bins.add(int(given["data.source.numeric_bins"]) > 0)
         ckpt = next((sweep / str(n) / "checkpoints").glob("epoch*.ckpt"))
         hp = torch.load(ckpt, map_location="cpu", weights_only=False)["hyper_parameters"]
         scorer = {"mlp": "MLPScorer", "deepfm": "DeepFMScorer"}[given["model"]]
@@ -365,6 +367,7 @@ def test_dense_search_end_to_end_on_a_letor_file(run_cli, tmp_path):
             assert len(bins) == 4 and all(len(e) >= 2 for e in bins), (n, bins)
         else:
             assert not bins, (n, bins)
+    assert seen_bins == {False, True}  # the seeded sampler's first trials cover both encodings
 
 
 def test_dense_search_on_the_simulator_names_the_key(run_cli, tmp_path):
